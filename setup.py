@@ -1,0 +1,69 @@
+"""Build for sptr: one extension, sptr._C._kernels, holding every op.
+
+CUDA sources are compiled when a CUDA toolkit and a CUDA build of torch are present, or when FORCE_CUDA=1;
+otherwise a CPU-only extension is built (every op keeps its CPU kernel). Honours TORCH_CUDA_ARCH_LIST
+(default 8.0;8.6;8.9;9.0), MAX_JOBS and DEBUG=1.
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+
+# torch locates CUDA through `nvcc` on PATH; a wrapper there (e.g. /usr/local/bin/nvcc) makes it pick a
+# CUDA_HOME without lib64/. Prefer the toolkit's canonical folder when it exists.
+if "CUDA_HOME" not in os.environ and os.path.isdir("/usr/local/cuda/lib64"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+import torch
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join("sptr", "_C")
+
+
+def use_cuda() -> bool:
+    if os.environ.get("FORCE_CUDA", "0") == "1":
+        return True
+    return CUDA_HOME is not None and torch.version.cuda is not None
+
+
+def cuda_wheel_includes():
+    """Header folders of the CUDA libraries that torch's pip wheels ship (cuSPARSE, cuBLAS, ...): ATen's CUDA
+    headers include them, and a bare nvcc toolkit does not always carry them."""
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    roots = list(getattr(nvidia, "__path__", []))
+    return sorted({d for r in roots for d in glob.glob(os.path.join(r, "*", "include")) if os.path.isdir(d)})
+
+
+def extension():
+    debug = os.environ.get("DEBUG", "0") == "1"
+    cpp = sorted(glob.glob(os.path.join(CSRC, "**", "*.cpp"), recursive=True))
+    cxx = ["-O0" if debug else "-O3"] + (["-g"] if debug else [])
+    include = [os.path.join(ROOT, CSRC, "include")]
+    if use_cuda():
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;8.6;8.9;9.0")
+        include += cuda_wheel_includes()
+        cu = sorted(glob.glob(os.path.join(CSRC, "**", "*.cu"), recursive=True))
+        nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"] + (["-g", "-G"] if debug else [])
+        return CUDAExtension(
+            "sptr._C._kernels", cpp + cu, include_dirs=include,
+            extra_compile_args={"cxx": cxx + ["-DSPTR_WITH_CUDA"], "nvcc": nvcc + ["-DSPTR_WITH_CUDA"]},
+        )
+    return CppExtension("sptr._C._kernels", cpp, include_dirs=include, extra_compile_args={"cxx": cxx})
+
+
+setup(
+    name="sptr",
+    version="2.0.0",
+    description="Fused-kernel layers for sparse 3D and multimodal transformers (SparseTransformer-compatible)",
+    packages=find_packages(include=["sptr", "sptr.*"]),
+    package_data={"sptr._C": ["**/*.h", "**/*.cuh", "**/*.cpp", "**/*.cu"]},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.4", "numpy", "einops", "safetensors", "pyyaml"],
+    extras_require={"test": ["pytest", "expecttest", "transformers==4.49.0"], "scatter": ["torch-scatter"]},
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    zip_safe=False,
+)

@@ -1,0 +1,16 @@
+"""Loads the compiled kernel library; importing this module registers every ``torch.ops.sptr`` op."""
+import torch  # noqa: F401  (the library links against torch; load it first)
+
+try:
+    from . import _kernels  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only on a broken install
+    raise ImportError(
+        "sptr's compiled extension sptr._C._kernels could not be loaded "
+        f"({exc}). Build it with `pip install --no-build-isolation -e .` against the torch you run "
+        f"(this is torch {torch.__version__}); a build for another torch version fails to load."
+    ) from exc
+
+
+def has_cuda_kernels() -> bool:
+    """True when the library was built with its CUDA kernels."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("sptr::window_pair_logits_fwd", "CUDA")

@@ -1,0 +1,154 @@
+"""VarLengthMultiheadSA: SparseTransformer's windowed multi-head self-attention module (§6.2)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..ops.sparse_attention import sparse_self_attention
+from ..ops.windowing import get_indices_params, to_3d_numpy
+from .config import LayerConfig, check_positive
+from .position_embedding import PositionEmbeddingCoordsSine
+from .sparse_tensor import SparseTrTensor
+
+PE_TYPES = ("none", "contextual", "sine", "fourier")
+
+
+def quant_grid_length(window_size: np.ndarray, quant_size: np.ndarray) -> int:
+    """Cells per window side; the published code requires the first two dimensions to agree."""
+    qgl = int((window_size[0] + 1e-4) / quant_size[0])
+    if qgl != int((window_size[1] + 1e-4) / quant_size[1]):
+        raise ValueError(f"window_size / quant_size must give the same grid length in x and y, got "
+                         f"{window_size} / {quant_size}")
+    return qgl
+
+
+@dataclasses.dataclass(frozen=True)
+class VarLengthMultiheadSAConfig(LayerConfig):
+    embed_dim: int
+    num_heads: int
+    indice_key: str
+    window_size: tuple = (0.3, 0.3, 0.3)
+    shift_win: bool = False
+    pe_type: str = "none"
+    dropout: float = 0.0
+    qk_scale: float | None = None
+    qkv_bias: bool = True
+    quant_size: tuple | None = None
+
+    def __post_init__(self):
+        check_positive(type(self).__name__, embed_dim=self.embed_dim, num_heads=self.num_heads)
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"embed_dim {self.embed_dim} must be divisible by num_heads {self.num_heads}")
+        if self.pe_type not in PE_TYPES:
+            raise ValueError(f"pe_type must be one of {PE_TYPES}, got {self.pe_type!r}")
+        if self.pe_type == "contextual" and self.quant_size is None:
+            raise ValueError("pe_type='contextual' needs quant_size")
+
+
+class VarLengthMultiheadSA(nn.Module):
+    """Windowed self-attention on a :class:`SparseTrTensor`; published constructor signature.
+
+    ``pe_type='contextual'`` needs ``rel_query=rel_key=rel_value=True`` and ``quant_size`` in kwargs and adds
+    the three relative-position tables ``(2·qgl − 1, 3, num_heads, head_dim)``.
+    """
+
+    def __init__(self, embed_dim, num_heads, indice_key, window_size, shift_win=False, pe_type="none", dropout=0.0,
+                 qk_scale=None, qkv_bias=True, algo="native", **kwargs):
+        super().__init__()
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.indice_key = indice_key
+        self.shift_win = shift_win
+        self.pe_type = pe_type
+        self.scale = qk_scale or self.head_dim ** -0.5
+        self.window_size = to_3d_numpy(window_size)
+        if pe_type == "contextual":
+            for flag in ("rel_query", "rel_key", "rel_value"):
+                if not kwargs.get(flag, False):
+                    raise ValueError(f"pe_type='contextual' requires {flag}=True")
+            if "quant_size" not in kwargs:
+                raise ValueError("pe_type='contextual' requires quant_size")
+            self.rel_query, self.rel_key, self.rel_value = True, True, True
+            self.quant_size = to_3d_numpy(kwargs["quant_size"])
+            self.quant_grid_length = quant_grid_length(self.window_size, self.quant_size)
+            shape = (2 * self.quant_grid_length - 1, 3, num_heads, self.head_dim)
+            for name in ("relative_pos_query_table", "relative_pos_key_table", "relative_pos_value_table"):
+                table = nn.Parameter(torch.zeros(shape))
+                nn.init.trunc_normal_(table, std=0.02)
+                setattr(self, name, table)
+        elif pe_type in ("sine", "fourier"):
+            normalize = kwargs.get("normalize_pos_enc", True)
+            extra = {"gauss_scale": kwargs.get("gauss_scale", 1.0)} if pe_type == "fourier" else {}
+            self.pos_enc = PositionEmbeddingCoordsSine(pos_type=pe_type, d_pos=embed_dim, normalize=normalize, **extra)
+        self.q = nn.Linear(embed_dim, embed_dim, bias=qkv_bias)
+        self.k = nn.Linear(embed_dim, embed_dim, bias=qkv_bias)
+        self.v = nn.Linear(embed_dim, embed_dim, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(dropout)  # never applied (published behaviour)
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.proj_drop = nn.Dropout(dropout)
+
+    @classmethod
+    def from_config(cls, cfg: VarLengthMultiheadSAConfig) -> "VarLengthMultiheadSA":
+        extra = {}
+        if cfg.pe_type == "contextual":
+            extra = dict(rel_query=True, rel_key=True, rel_value=True, quant_size=np.array(cfg.quant_size))
+        return cls(cfg.embed_dim, cfg.num_heads, cfg.indice_key, np.array(cfg.window_size), cfg.shift_win,
+                   cfg.pe_type, cfg.dropout, cfg.qk_scale, cfg.qkv_bias, **extra)
+
+    def _add_position_embedding(self, feats, xyz, batch):
+        """Per batch element, the embedding of its coordinates over its own range (out of place, D15)."""
+        if batch.numel() > 1 and bool((batch[1:] < batch[:-1]).any()):
+            raise ValueError("sine/fourier position embedding needs points sorted by batch index")
+        parts = []
+        for b in torch.unique_consecutive(batch):
+            sel = batch == b
+            pts = xyz[sel].float()[None]
+            rng = [pts.min(1).values, pts.max(1).values]
+            parts.append(self.pos_enc(pts, input_range=rng)[0].t().to(feats.dtype))
+        return feats + torch.cat(parts, 0)
+
+    def forward(self, sptr_tensor: SparseTrTensor) -> SparseTrTensor:
+        query = sptr_tensor.query_feats
+        key = sptr_tensor.key_feats if sptr_tensor.key_feats is not None else query.clone()
+        value = sptr_tensor.value_feats if sptr_tensor.value_feats is not None else query.clone()
+        indices = sptr_tensor.query_indices
+        if indices.dim() != 2 or indices.shape[1] != 4:
+            raise ValueError(f"query_indices must be (N, 4) (batch, x, y, z), got {tuple(indices.shape)}")
+        xyz, batch = indices[:, 1:], indices[:, 0]
+        xyz = xyz if xyz.is_floating_point() else xyz.float()
+        if self.pe_type in ("sine", "fourier"):
+            query = self._add_position_embedding(query, xyz, batch)
+            key = self._add_position_embedding(key, xyz, batch)
+        n, c = query.shape
+        h, d = self.num_heads, self.head_dim
+        q = self.q(query).reshape(n, h, d) * self.scale
+        k = self.k(key).reshape(n, h, d)
+        v = self.v(value).reshape(n, h, d)
+
+        cached = sptr_tensor.find_indice_params(self.indice_key)
+        if cached is None:
+            params = get_indices_params(xyz, batch, self.window_size, self.shift_win)
+            sptr_tensor.indice_dict[self.indice_key] = params + (self.window_size, self.shift_win)
+        else:
+            *params, window_size, shift_win = cached
+            if not np.array_equal(window_size, self.window_size) or shift_win != self.shift_win:
+                raise ValueError(f"indice_key {self.indice_key!r} was computed with window_size {window_size}, "
+                                 f"shift_win {shift_win}; this module has {self.window_size}, {self.shift_win}")
+        index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx = params
+        extra = {}
+        if self.pe_type == "contextual":
+            extra = dict(rel_query=True, rel_key=True, rel_value=True, quant_size=self.quant_size,
+                         quant_grid_length=self.quant_grid_length,
+                         relative_pos_query_table=self.relative_pos_query_table.float(),
+                         relative_pos_key_table=self.relative_pos_key_table.float(),
+                         relative_pos_value_table=self.relative_pos_value_table.float())
+        x = sparse_self_attention(q.float(), k.float(), v.float(), xyz.float(), index_0, index_0_offsets, n_max,
+                                  index_1, index_1_offsets, sort_idx, self.window_size, self.shift_win,
+                                  pe_type=self.pe_type, **extra)
+        x = self.proj_drop(self.proj(x.reshape(n, c).to(self.proj.weight.dtype)))
+        return SparseTrTensor(x, sptr_tensor.query_indices, sptr_tensor.spatial_shape, sptr_tensor.batch_size)

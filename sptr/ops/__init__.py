@@ -1,0 +1,15 @@
+"""Public functional API: one module per op family."""
+from .window_attention import (  # noqa: F401
+    aggregate,
+    attention_step1,
+    attention_step2,
+    attention_step2_with_rel_pos_value,
+    dot_prod_with_idx,
+    dot_prod_with_idx_all,
+    pair_logits,
+    precompute_all,
+    scatter_softmax_csr,
+    segment_softmax,
+)
+from .windowing import get_indices_params, grid_sample, relative_position_index, to_3d_numpy  # noqa: F401
+from .sparse_attention import sparse_self_attention  # noqa: F401

@@ -1,0 +1,79 @@
+"""Input checks shared by the op wrappers: every error names the argument and what was expected."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+INDEX = (torch.int32, torch.int64)
+INTEGER = (torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def data_checks_enabled() -> bool:
+    """Data-dependent checks (index ranges, offsets) need a host sync; they are skipped while tracing."""
+    return not torch.compiler.is_compiling()
+
+
+def check_tensor(name: str, t, *, dim: int | None = None, dtypes=None, device: torch.device | None = None) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{name} must be a {dim}-D tensor, got shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device} (all inputs must be on one device)")
+    return t
+
+
+def check_shape(name: str, t: Tensor, shape: tuple) -> None:
+    """`shape` may hold None for a free dimension."""
+    if t.dim() != len(shape) or any(s is not None and s != a for s, a in zip(shape, t.shape)):
+        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+
+
+def check_range(name: str, t: Tensor, low: int, high: int) -> None:
+    """Every value in [low, high). One host sync; skipped under torch.compile."""
+    if t.numel() == 0 or not data_checks_enabled():
+        return
+    lo, hi = int(t.min()), int(t.max())
+    if lo < low or hi >= high:
+        raise ValueError(f"{name} must have values in [{low}, {high}), got values in [{lo}, {hi}]")
+
+
+def check_offsets(name: str, offsets: Tensor, total: int) -> None:
+    """CSR offsets: first 0, last `total`, non-decreasing."""
+    if offsets.numel() == 0:
+        raise ValueError(f"{name} must have at least one entry (N + 1 offsets)")
+    if not data_checks_enabled():
+        return
+    first, last = int(offsets[0]), int(offsets[-1])
+    if first != 0 or last != total:
+        raise ValueError(f"{name} must start at 0 and end at {total}, got {first} ... {last}")
+    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+        raise ValueError(f"{name} must be non-decreasing")
+
+
+def common_float_dtype(**tensors: Tensor) -> torch.dtype:
+    """The one floating dtype of an op's inputs. Mixed dtypes are an error, except under autocast, where
+    they are promoted to the widest (never downcast: fp32 inputs stay fp32)."""
+    named = {k: v for k, v in tensors.items() if v is not None}
+    for k, v in named.items():
+        check_tensor(k, v, dtypes=FLOATING)
+    dtypes = {v.dtype for v in named.values()}
+    if len(dtypes) == 1:
+        return dtypes.pop()
+    device = next(iter(named.values())).device.type
+    if torch.is_autocast_enabled(device) if device in ("cuda", "cpu") else False:
+        out = None
+        for v in named.values():
+            out = v.dtype if out is None else torch.promote_types(out, v.dtype)
+        return out
+    first = next(iter(named))
+    odd = next(k for k, v in named.items() if v.dtype != named[first].dtype)
+    raise TypeError(
+        f"{odd} has dtype {named[odd].dtype} but {first} has {named[first].dtype}; "
+        "floating inputs of one op must share a dtype (cast them, or run under autocast to promote)"
+    )

@@ -1,0 +1,66 @@
+"""``sparse_self_attention``: windowed multi-head attention over points in original order (SparseTransformer §5)."""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from .window_attention import (
+    attention_step1,
+    attention_step2,
+    attention_step2_with_rel_pos_value,
+    dot_prod_with_idx_all,
+    scatter_softmax_csr,
+)
+from .windowing import relative_position_index
+
+_warned_partial_rel = False
+
+
+def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_max, index_1, index_1_offsets,
+                          sort_idx, window_size, shift_win, pe_type="none", rel_query=False, rel_key=False,
+                          rel_value=False, quant_size=None, quant_grid_length=None, relative_pos_query_table=None,
+                          relative_pos_key_table=None, relative_pos_value_table=None, split_func=None, dtype=None):
+    """Windowed attention of ``query/key/value (N, h, d)`` (original point order) over the windows described by
+    the index arrays of :func:`get_indices_params` (sorted order). Returns ``(N, h, d)`` in query's input dtype.
+
+    ``pe_type='contextual'``: logit tables when both ``rel_query`` and ``rel_key``, value table with
+    ``rel_value``; tables ``(2·qgl − 1, 3, h, d)`` indexed by :func:`relative_position_index`. ``dtype`` (None,
+    fp32, fp16, bf16) casts q, k, v and the tables for the computation.
+    """
+    global _warned_partial_rel
+    out_dtype = query.dtype
+    if dtype is not None:
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    tables_dtype = query.dtype
+    contextual = pe_type == "contextual"
+    logit_tables = contextual and rel_query and rel_key
+    value_table = contextual and rel_value
+    if contextual and (rel_query != rel_key) and not _warned_partial_rel:
+        warnings.warn("sparse_self_attention: rel_query and rel_key must both be set for the logit tables to be "
+                      "used; with only one, neither is (published behaviour)")
+        _warned_partial_rel = True
+
+    sorted_q, sorted_k, sorted_v, sorted_xyz = query[sort_idx], key[sort_idx], value[sort_idx], xyz[sort_idx]
+    rel = None
+    if logit_tables or value_table:
+        if quant_size is None or quant_grid_length is None:
+            raise ValueError("pe_type='contextual' needs quant_size and quant_grid_length")
+        rel = relative_position_index(sorted_xyz, index_0, index_1, window_size, quant_size, quant_grid_length,
+                                      shift_win, split_func)
+    if logit_tables:
+        logits = dot_prod_with_idx_all(sorted_q, index_0, index_0_offsets, sorted_k, index_1, index_1_offsets,
+                                       relative_pos_query_table.to(tables_dtype),
+                                       relative_pos_key_table.to(tables_dtype), rel, n_max)
+    else:
+        logits = attention_step1(sorted_q, sorted_k, index_0, index_0_offsets, index_1, index_1_offsets, n_max)
+    attn = scatter_softmax_csr(logits, index_0_offsets)
+    if value_table:
+        out_sorted = attention_step2_with_rel_pos_value(attn, sorted_v, index_0, index_0_offsets, n_max, index_1,
+                                                        index_1_offsets,
+                                                        relative_pos_value_table.to(tables_dtype), rel)
+    else:
+        out_sorted = attention_step2(attn, sorted_v, index_0, index_0_offsets, index_1, index_1_offsets, n_max)
+    out = out_sorted.new_empty(out_sorted.shape).index_copy(0, sort_idx, out_sorted)
+    return out.to(out_dtype)

@@ -1,0 +1,2 @@
+"""SparseTransformer-compatible position embeddings."""
+from .layers.position_embedding import PositionEmbeddingCoordsSine, shift_scale_points  # noqa: F401

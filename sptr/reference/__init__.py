@@ -1,0 +1,1 @@
+"""Readable pure-PyTorch implementations: the specification the kernels are tested against."""
