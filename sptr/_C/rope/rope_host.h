@@ -1,0 +1,158 @@
+// Argument checks and kernel arguments of the mRoPE ops, shared by the CPU and CUDA implementations.
+#pragma once
+#include <ATen/MemoryOverlap.h>
+#include <sptr/checks.h>
+
+#include "rope_math.h"
+
+namespace sptr {
+
+// cos/sin as a 4-D [stream, B, S, D] view (a composed [B, S, D] table gets a stride-0 stream dimension).
+struct RopeTables {
+  at::Tensor cos, sin;
+  bool composed;
+};
+
+inline RopeTables rope_tables(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                              at::IntArrayRef section) {
+  TORCH_CHECK_VALUE(cos.sizes() == sin.sizes(), "cos and sin must have the same shape, got ", cos.sizes(), " and ",
+                    sin.sizes());
+  TORCH_CHECK_TYPE(cos.scalar_type() == sin.scalar_type(), "cos and sin must share a dtype");
+  TORCH_CHECK_TYPE(cos.scalar_type() == at::kFloat || cos.scalar_type() == x.scalar_type(),
+                   "cos/sin must be float32 or the dtype of q, ", x.scalar_type(), ", got ", cos.scalar_type());
+  SPTR_CHECK_SAME_DEVICE(cos, x);
+  const int64_t B = x.size(0), S = x.size(2), D = x.size(3);
+  RopeTables t;
+  t.composed = cos.dim() == 3;
+  if (t.composed) {
+    TORCH_CHECK_VALUE(cos.size(1) == S && cos.size(2) == D && (cos.size(0) == B || cos.size(0) == 1),
+                      "composed cos/sin must be [B, S, D] = [", B, ", ", S, ", ", D, "], got ", cos.sizes());
+    t.cos = cos.unsqueeze(0).expand({3, B, S, D});
+    t.sin = sin.unsqueeze(0).expand({3, B, S, D});
+  } else {
+    TORCH_CHECK_VALUE(cos.dim() == 4 && cos.size(0) == 3 && cos.size(2) == S && cos.size(3) == D &&
+                          (cos.size(1) == B || cos.size(1) == 1),
+                      "cos/sin must be [3, B, S, D] = [3, ", B, ", ", S, ", ", D, "] or composed [B, S, D], got ",
+                      cos.sizes());
+    TORCH_CHECK_VALUE(section.size() == 3, "mrope_section must have 3 entries for [3, B, S, D] tables, got ",
+                      section.size());
+    TORCH_CHECK_VALUE(section[0] >= 0 && section[1] >= 0 && section[2] >= 0 &&
+                          section[0] + section[1] + section[2] == D / 2,
+                      "mrope_section ", section, " must sum to head_dim / 2 = ", D / 2);
+    t.cos = cos.expand({3, B, S, D});
+    t.sin = sin.expand({3, B, S, D});
+  }
+  return t;
+}
+
+inline void check_rope_operand(const at::Tensor& x, const char* name) {
+  TORCH_CHECK_VALUE(x.dim() == 4, name, " must be [B, H, S, D], got shape ", x.sizes());
+  SPTR_CHECK_FLOATING(x);
+  TORCH_CHECK_VALUE(x.size(3) % 2 == 0, name, " head_dim must be even, got ", x.size(3));
+}
+
+inline void check_rope_pair(const at::Tensor& q, const at::Tensor& k) {
+  check_rope_operand(q, "q");
+  check_rope_operand(k, "k");
+  SPTR_CHECK_SAME_DTYPE(k, q);
+  SPTR_CHECK_SAME_DEVICE(k, q);
+  TORCH_CHECK_VALUE(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3),
+                    "q and k must share B, S and D, got ", q.sizes(), " and ", k.sizes());
+}
+
+template <typename T, typename C>
+RopeArgs<T, C> rope_args(const at::Tensor& x, const at::Tensor& out, const RopeTables& t, at::IntArrayRef section,
+                         bool hf_layout, bool backward) {
+  RopeArgs<T, C> a;
+  a.x = x.const_data_ptr<T>();
+  a.out = out.mutable_data_ptr<T>();
+  a.cos = t.cos.const_data_ptr<C>();
+  a.sin = t.sin.const_data_ptr<C>();
+  for (int i = 0; i < 4; ++i) {
+    a.x_stride[i] = x.stride(i);
+    a.out_stride[i] = out.stride(i);
+    a.cs_stride[i] = t.cos.stride(i);
+  }
+  a.B = x.size(0);
+  a.H = x.size(1);
+  a.S = x.size(2);
+  a.D = x.size(3);
+  a.composed = t.composed;
+  a.c1 = t.composed ? 0 : section[0];
+  a.c2 = t.composed ? 0 : section[0] + section[1];
+  a.hf_layout = hf_layout;
+  a.backward = backward;
+  return a;
+}
+
+// cos and sin must share strides for the kernel's single stride set.
+inline RopeTables uniform_strides(RopeTables t) {
+  if (t.cos.strides() != t.sin.strides()) {
+    t.cos = t.cos.contiguous();
+    t.sin = t.sin.contiguous();
+  }
+  return t;
+}
+
+// The four mRoPE ops, written once; `Device::launch(args)` runs rope_pair over every pair of one operand.
+// Strides are passed to the kernels, so transposed [B, S, H, D] views are used without copies.
+template <class Device>
+void rope_rotate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                 at::IntArrayRef section, bool hf_layout, bool backward, const at::Tensor& q_out,
+                 const at::Tensor& k_out) {
+  check_rope_pair(q, k);
+  const RopeTables t = uniform_strides(rope_tables(q, cos, sin, section));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "mrope", [&] {
+    if (t.cos.scalar_type() == q.scalar_type()) {
+      Device::launch(rope_args<scalar_t, scalar_t>(q, q_out, t, section, hf_layout, backward));
+      Device::launch(rope_args<scalar_t, scalar_t>(k, k_out, t, section, hf_layout, backward));
+    } else {
+      Device::launch(rope_args<scalar_t, float>(q, q_out, t, section, hf_layout, backward));
+      Device::launch(rope_args<scalar_t, float>(k, k_out, t, section, hf_layout, backward));
+    }
+  });
+}
+
+inline void check_rope_out(const at::Tensor& out, const at::Tensor& x, const char* name) {
+  TORCH_CHECK_VALUE(out.sizes() == x.sizes(), name, " must have shape ", x.sizes(), ", got ", out.sizes());
+  TORCH_CHECK_TYPE(out.scalar_type() == x.scalar_type(), name, " must have dtype ", x.scalar_type());
+  TORCH_CHECK_VALUE(out.device() == x.device(), name, " must be on ", x.device());
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, x);
+}
+
+template <class Device>
+std::tuple<at::Tensor, at::Tensor> mrope_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                                  const at::Tensor& sin, at::IntArrayRef section, bool hf_layout) {
+  auto q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(k.sizes(), k.options());
+  rope_rotate<Device>(q, k, cos, sin, section, hf_layout, false, q_out, k_out);
+  return {q_out, k_out};
+}
+
+template <class Device>
+void mrope_fwd_out_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                        at::IntArrayRef section, bool hf_layout, const at::Tensor& q_out, const at::Tensor& k_out) {
+  check_rope_out(q_out, q, "q_out");
+  check_rope_out(k_out, k, "k_out");
+  rope_rotate<Device>(q, k, cos, sin, section, hf_layout, false, q_out, k_out);
+}
+
+template <class Device>
+void mrope_inplace_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                        at::IntArrayRef section, bool hf_layout) {
+  at::assert_no_internal_overlap(q);
+  at::assert_no_internal_overlap(k);
+  at::assert_no_overlap(q, k);
+  rope_rotate<Device>(q, k, cos, sin, section, hf_layout, false, q, k);
+}
+
+template <class Device>
+std::tuple<at::Tensor, at::Tensor> mrope_bwd_impl(const at::Tensor& grad_q, const at::Tensor& grad_k,
+                                                  const at::Tensor& cos, const at::Tensor& sin,
+                                                  at::IntArrayRef section, bool hf_layout) {
+  auto gq = at::empty(grad_q.sizes(), grad_q.options()), gk = at::empty(grad_k.sizes(), grad_k.options());
+  rope_rotate<Device>(grad_q, grad_k, cos, sin, section, hf_layout, true, gq, gk);
+  return {gq, gk};
+}
+
+}  // namespace sptr

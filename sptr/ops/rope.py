@@ -1,0 +1,151 @@
+"""Multimodal RoPE (Qwen2-VL / Qwen2.5-VL mRoPE) on q and k in one kernel.
+
+q ``[B, Hq, S, D]``, k ``[B, Hk, S, D]`` (any strides, e.g. transposed ``[B, S, H, D]`` views), one dtype in
+fp16/bf16/fp32/fp64; cos/sin ``[3, B, S, D]`` (stride 0 over B allowed) with ``mrope_section`` (undoubled,
+e.g. ``[16, 24, 24]``), or an already composed ``[B, S, D]``; fp32 or q's dtype. The result equals
+transformers' ``apply_multimodal_rotary_pos_emb`` bit for bit (same rounding in q's dtype).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+import sptr._C  # noqa: F401
+
+from ._checks import FLOATING, check_tensor
+
+_ops = torch.ops.sptr
+LAYOUTS = ("hf", "wallx")
+
+
+@torch.library.register_fake("sptr::mrope_fwd")
+def _mrope_fake(q, k, cos, sin, mrope_section, hf_layout):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.register_fake("sptr::mrope_bwd")
+def _mrope_bwd_fake(grad_q, grad_k, cos, sin, mrope_section, hf_layout):
+    return grad_q.new_empty(grad_q.shape), grad_k.new_empty(grad_k.shape)
+
+
+@torch.library.register_fake("sptr::mrope_fwd_out")
+def _mrope_out_fake(q, k, cos, sin, mrope_section, hf_layout, q_out, k_out):
+    return None
+
+
+@torch.library.register_fake("sptr::mrope_")
+def _mrope_inplace_fake(q, k, cos, sin, mrope_section, hf_layout):
+    return None
+
+
+def _setup(ctx, inputs, output):
+    q, k, cos, sin, section, hf_layout = inputs
+    ctx.section, ctx.hf_layout = section, hf_layout
+    ctx.save_for_backward(cos, sin, q if cos.requires_grad or sin.requires_grad else None,
+                          k if cos.requires_grad or sin.requires_grad else None)
+
+
+def _stream_gather_index(d: int, section, hf_layout: bool, device) -> Tensor:
+    """Stream σ(d) of every dim (matches the kernel's selection)."""
+    j = torch.arange(d, device=device)
+    j = j % (d // 2) if hf_layout else j // 2
+    c1, c2 = section[0], section[0] + section[1]
+    return (j >= c1).long() + (j >= c2).long()
+
+
+def _table_grads(grad_q, grad_k, q, k, cos, sin, section, hf_layout):
+    """d cos / d sin (rare: trainable tables); summed over heads into the selected stream only."""
+    def rot(x):
+        x1, x2 = x.chunk(2, -1)
+        return torch.cat([-x2, x1], -1)
+
+    gc = (grad_q.float() * q.float()).sum(1) + (grad_k.float() * k.float()).sum(1)
+    gs = (grad_q.float() * rot(q.float())).sum(1) + (grad_k.float() * rot(k.float())).sum(1)
+    if cos.dim() == 3:
+        return (gc.sum(0, keepdim=True), gs.sum(0, keepdim=True)) if cos.shape[0] == 1 else (gc, gs)
+    stream = _stream_gather_index(q.shape[-1], section, hf_layout, q.device)
+    onehot = torch.nn.functional.one_hot(stream, 3).t().to(gc.dtype)  # [3, D]
+    dcos, dsin = onehot[:, None, None, :] * gc[None], onehot[:, None, None, :] * gs[None]
+    if cos.shape[1] == 1:
+        dcos, dsin = dcos.sum(1, keepdim=True), dsin.sum(1, keepdim=True)
+    return dcos, dsin
+
+
+def _backward(ctx, grad_q, grad_k):
+    cos, sin, q, k = ctx.saved_tensors
+    gq, gk = _ops.mrope_bwd(grad_q.contiguous(), grad_k.contiguous(), cos, sin, ctx.section, ctx.hf_layout)
+    dcos = dsin = None
+    if q is not None:
+        dcos, dsin = _table_grads(grad_q, grad_k, q, k, cos, sin, ctx.section, ctx.hf_layout)
+        dcos, dsin = dcos.to(cos.dtype), dsin.to(sin.dtype)
+    return gq, gk, dcos, dsin, None, None
+
+
+torch.library.register_autograd("sptr::mrope_fwd", _backward, setup_context=_setup)
+
+
+def _check(q, k, cos, sin, mrope_section, section_layout):
+    for name, t in (("q", q), ("k", k)):
+        check_tensor(name, t, dim=4, dtypes=FLOATING)
+    if k.dtype != q.dtype:
+        raise TypeError(f"k has dtype {k.dtype} but q has {q.dtype}; q and k must share a dtype")
+    for name, t in (("k", k), ("cos", cos), ("sin", sin)):
+        check_tensor(name, t, device=q.device)
+    if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
+        raise ValueError(f"q and k must share B, S and D, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if q.shape[-1] % 2:
+        raise ValueError(f"head_dim must be even, got {q.shape[-1]}")
+    if cos.dtype not in (torch.float32, q.dtype) or sin.dtype != cos.dtype:
+        raise TypeError(f"cos/sin must be float32 or q's dtype {q.dtype}, got {cos.dtype} / {sin.dtype}")
+    if section_layout not in LAYOUTS:
+        raise ValueError(f"section_layout must be one of {LAYOUTS}, got {section_layout!r}")
+    if cos.dim() == 4:
+        if mrope_section is None or len(mrope_section) != 3 or sum(mrope_section) != q.shape[-1] // 2:
+            raise ValueError(f"mrope_section must be 3 ints summing to head_dim / 2 = {q.shape[-1] // 2}, got "
+                             f"{mrope_section}")
+        return [int(s) for s in mrope_section]
+    if cos.dim() != 3:
+        raise ValueError(f"cos must be [3, B, S, D] or composed [B, S, D], got {tuple(cos.shape)}")
+    return []
+
+
+def apply_rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: Sequence[int] | None = None, *,
+                 section_layout: str = "hf") -> tuple[Tensor, Tensor]:
+    """Rotated ``(q, k)`` (new tensors), differentiable in q, k and cos/sin.
+
+    ``mrope_section`` is the undoubled split ``[t, h, w]`` of ``head_dim / 2`` for ``[3, B, S, D]`` tables
+    (None for composed ``[B, S, D]`` tables). ``section_layout='wallx'`` reproduces the published Wall-X
+    kernel's contiguous sections (not a rotation on vision tokens; opt-in only).
+    """
+    section = _check(q, k, cos, sin, mrope_section, section_layout)
+    return _ops.mrope_fwd(q, k, cos, sin, section, section_layout == "hf")
+
+
+def apply_rotary_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: Sequence[int] | None = None, *,
+                  section_layout: str = "hf") -> tuple[Tensor, Tensor]:
+    """In-place :func:`apply_rotary` (exact: each thread reads its rotation pair before writing it)."""
+    section = _check(q, k, cos, sin, mrope_section, section_layout)
+    _ops.mrope_(q, k, cos, sin, section, section_layout == "hf")
+    return q, k
+
+
+def rope(q, k, cos, sin, q_out, k_out, mrope_section_doubled, *, section_layout: str = "hf") -> None:
+    """Wall-X backend signature: writes rotated q, k into ``q_out``, ``k_out`` (may be ``q``, ``k``)."""
+    section = [int(s) // 2 for s in mrope_section_doubled] if cos.dim() == 4 else None
+    if q_out is q and k_out is k:
+        apply_rotary_(q, k, cos, sin, section, section_layout=section_layout)
+        return
+    sec = _check(q, k, cos, sin, section, section_layout)
+    _ops.mrope_fwd_out(q, k, cos, sin, sec, section_layout == "hf", q_out, k_out)
+
+
+def rope_bwd(grad_q_out, grad_k_out, q, k, cos, sin, grad_q, grad_k, mrope_section_doubled, *,
+             section_layout: str = "hf") -> None:
+    """Wall-X backend signature: writes the input gradients into ``grad_q``, ``grad_k`` (values of q, k unused)."""
+    section = [int(s) // 2 for s in mrope_section_doubled] if cos.dim() == 4 else None
+    sec = _check(grad_q_out, grad_k_out, cos, sin, section, section_layout)
+    gq, gk = _ops.mrope_bwd(grad_q_out, grad_k_out, cos, sin, sec, section_layout == "hf")
+    grad_q.copy_(gq)
+    grad_k.copy_(gk)

@@ -1,0 +1,130 @@
+"""mRoPE against transformers' apply_multimodal_rotary_pos_emb (bit-exact) and float64 references."""
+import pytest
+import torch
+
+from sptr.ops import rope
+from tests.helpers import device_params
+from tests.ops import hf_oracle as hf
+
+
+def tables(B, S, D, dtype, device, vision=True, theta=1e6):
+    """HF's Qwen2_5_VLRotaryEmbedding: cos/sin [3, B, S, D] from (t, h, w) positions."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+    pos = torch.arange(S).repeat(3, B, 1)
+    if vision:
+        pos = pos + torch.randint(0, 50, (3, B, S))
+    freqs = pos[..., None].float() * inv_freq
+    emb = torch.cat([freqs, freqs], -1)
+    return emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
+
+
+def qk(B, Hq, Hk, S, D, dtype, device, transposed):
+    if transposed:  # [B, S, H, D] storage, as the attention projections produce
+        q = torch.randn(B, S, Hq, D).to(dtype).to(device).transpose(1, 2)
+        k = torch.randn(B, S, Hk, D).to(dtype).to(device).transpose(1, 2)
+    else:
+        q, k = torch.randn(B, Hq, S, D).to(dtype).to(device), torch.randn(B, Hk, S, D).to(dtype).to(device)
+    return q, k
+
+
+SECTIONS = {64: [8, 12, 12], 80: [10, 15, 15], 128: [16, 24, 24]}
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("D", [64, 80, 128])
+@pytest.mark.parametrize("Hk", [1, 2, 4])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_matches_hf_bit_exact_forward_and_backward(device, dtype, D, Hk, transposed):
+    torch.manual_seed(D + Hk)
+    B, Hq, S = 2, 4, 33
+    cos, sin = tables(B, S, D, dtype, device)
+    q, k = qk(B, Hq, Hk, S, D, dtype, device, transposed)
+    sec = SECTIONS[D]
+    q1, k1 = q.clone().requires_grad_(), k.clone().requires_grad_()
+    want_q, want_k = hf.apply_multimodal_rotary_pos_emb(q1, k1, cos, sin, sec)
+    q2, k2 = q.clone().requires_grad_(), k.clone().requires_grad_()
+    got_q, got_k = rope.apply_rotary(q2, k2, cos, sin, sec)
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    gq, gk = torch.randn_like(want_q), torch.randn_like(want_k)
+    torch.autograd.backward([want_q, want_k], [gq, gk])
+    torch.autograd.backward([got_q, got_k], [gq, gk])
+    assert torch.equal(q2.grad, q1.grad) and torch.equal(k2.grad, k1.grad)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_in_place_out_and_compat_backend(device):
+    B, S, D = 2, 16, 128
+    cos, sin = tables(B, S, D, torch.bfloat16, device)
+    q, k = qk(B, 4, 2, S, D, torch.bfloat16, device, transposed=True)
+    want_q, want_k = hf.apply_multimodal_rotary_pos_emb(q, k, cos, sin, [16, 24, 24])
+    qi, ki = q.clone(), k.clone()
+    rope.rope(qi, ki, cos, sin, qi, ki, [32, 48, 48])  # in place through the Wall-X signature
+    assert torch.equal(qi, want_q) and torch.equal(ki, want_k)
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    rope.rope(q, k, cos, sin, qo, ko, [32, 48, 48])
+    assert torch.equal(qo, want_q) and torch.equal(ko, want_k)
+    gq, gk = torch.empty_like(q), torch.empty_like(k)
+    rope.rope_bwd(want_q, want_k, q, k, cos, sin, gq, gk, [32, 48, 48])
+    # the backward is the inverse rotation: applied to rotated values it gives back the inputs (to rounding)
+    assert (gq.float() - q.float()).abs().max() < 0.1
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_fp32_tables_broadcast_batch_and_composed(device):
+    B, S, D = 3, 9, 64
+    cos, sin = tables(1, S, D, torch.float32, device)
+    q, k = qk(B, 2, 2, S, D, torch.float32, device, transposed=False)
+    want = hf.apply_multimodal_rotary_pos_emb(q, k, cos.expand(3, B, S, D), sin.expand(3, B, S, D), [8, 12, 12])
+    got = rope.apply_rotary(q, k, cos, sin, [8, 12, 12])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # composed [B, S, D] tables (transformers 5.x layout): plain rotate-half RoPE
+    sec = [8, 12, 12] * 2
+    comp_c = torch.cat([m[i % 3] for i, m in enumerate(cos.expand(3, B, S, D).split(sec, -1))], -1)
+    comp_s = torch.cat([m[i % 3] for i, m in enumerate(sin.expand(3, B, S, D).split(sec, -1))], -1)
+    got = rope.apply_rotary(q, k, comp_c, comp_s)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def wallx_reference(x, cos, sin, sec):
+    """The published Wall-X kernel's stream choice: contiguous doubled sections."""
+    D = x.shape[-1]
+    stream = torch.cat([torch.full((2 * s,), i) for i, s in enumerate(sec)])
+    c = cos[stream, :, :, torch.arange(D)].permute(1, 2, 0)[:, None]
+    s = sin[stream, :, :, torch.arange(D)].permute(1, 2, 0)[:, None]
+    x1, x2 = x.chunk(2, -1)
+    return x * c + torch.cat([-x2, x1], -1) * s
+
+
+def test_wallx_layout_opt_in():
+    B, S, D = 1, 7, 128
+    cos, sin = tables(B, S, D, torch.float64, "cpu")
+    q, k = qk(B, 2, 1, S, D, torch.float64, "cpu", transposed=False)
+    got_q, got_k = rope.apply_rotary(q, k, cos, sin, [16, 24, 24], section_layout="wallx")
+    assert torch.allclose(got_q, wallx_reference(q, cos, sin, [16, 24, 24]), atol=1e-12)
+    hf_q, _ = rope.apply_rotary(q, k, cos, sin, [16, 24, 24])
+    assert (hf_q - got_q).abs().max() > 1e-3  # the layouts differ on vision positions
+
+
+def test_gradcheck_float64_including_tables():
+    B, S, D = 1, 5, 16
+    cos, sin = tables(B, S, D, torch.float64, "cpu")
+    q, k = qk(B, 2, 1, S, D, torch.float64, "cpu", transposed=True)
+    args = [t.detach().clone().requires_grad_() for t in (q, k, cos, sin)]
+    assert torch.autograd.gradcheck(lambda a, b, c, s: rope.apply_rotary(a, b, c, s, [2, 3, 3]), args)
+
+
+def test_opcheck_and_errors():
+    cos, sin = tables(1, 4, 16, torch.float32, "cpu")
+    q, k = qk(1, 2, 1, 4, 16, torch.float32, "cpu", transposed=True)
+    torch.library.opcheck(torch.ops.sptr.mrope_fwd.default, (q.requires_grad_(), k, cos, sin, [2, 3, 3], True))
+    torch.library.opcheck(torch.ops.sptr.mrope_bwd.default, (q.detach(), k, cos, sin, [2, 3, 3], False))
+    torch.library.opcheck(torch.ops.sptr.mrope_.default, (q.detach().clone(), k.clone(), cos, sin, [2, 3, 3], True))
+    with pytest.raises(ValueError, match="mrope_section"):
+        rope.apply_rotary(q, k, cos, sin, [2, 3, 4])
+    with pytest.raises(TypeError, match="k has dtype"):
+        rope.apply_rotary(q, k.double(), cos, sin, [2, 3, 3])
+    with pytest.raises(ValueError, match="section_layout"):
+        rope.apply_rotary(q, k, cos, sin, [2, 3, 3], section_layout="other")
+    with pytest.raises(RuntimeError, match="single memory location"):
+        torch.ops.sptr.mrope_fwd_out(q.detach(), k, cos, sin, [2, 3, 3], True, q.detach(), torch.empty_like(k))

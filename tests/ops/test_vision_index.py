@@ -1,0 +1,154 @@
+"""rope_index / rot_pos_emb / window index: bit-exact against transformers 4.49 (spec §5-§7, issue 4)."""
+import random
+
+import pytest
+import torch
+
+from sptr.ops import vision_index as vi
+from tests.helpers import device_params
+from tests.ops import hf_oracle as hf
+
+IMG, VID, VS, TEXT, VE = hf.IMG, hf.VID, hf.VS, 1000, 151653
+
+
+def ours(ids, img=None, vid=None, sec=None, mask=None, device="cpu", tps=2):
+    to = lambda t: None if t is None else (t.to(device) if isinstance(t, torch.Tensor) else t)  # noqa: E731
+    pos, delta = vi.get_rope_index(to(ids), to(img), to(vid), to(sec), to(mask), 2, IMG, VID, VS, tps)
+    return pos.cpu(), delta.cpu()
+
+
+def assert_same(got, want):
+    pos, delta = got
+    assert torch.equal(pos, want[0].long()), (pos, want[0])
+    assert torch.equal(delta, want[1].long().reshape(-1, 1)), (delta, want[1])
+
+
+def random_sample(rng, images, videos, sec_choices=(0.5, 0.7, 1.3, 1.0)):
+    """One row: text, vision blocks (VS, tokens, VE) in random order; returns tokens and the grids used."""
+    blocks = ["img"] * images + ["vid"] * videos
+    rng.shuffle(blocks)
+    tokens, img_grids, vid_grids, secs = [TEXT] * rng.randint(0, 3), [], [], []
+    for kind in blocks:
+        t = 1 if kind == "img" else rng.choice([2, 3, 8])
+        h, w = 2 * rng.randint(1, 7), 2 * rng.randint(1, 9)
+        (img_grids if kind == "img" else vid_grids).append([t, h, w])
+        if kind == "vid":
+            secs.append(rng.choice(sec_choices))
+        tokens += [VS] + [IMG if kind == "img" else VID] * (t * h * w // 4) + [VE] + [TEXT] * rng.randint(0, 4)
+    return tokens, img_grids, vid_grids, secs
+
+
+def batch(rows, pad_side, rng):
+    S = max(len(r[0]) for r in rows) + rng.randint(0, 3)
+    ids = torch.full((len(rows), S), 0, dtype=torch.long)
+    mask = torch.zeros(len(rows), S, dtype=torch.long)
+    for b, (tok, *_rest) in enumerate(rows):
+        sl = slice(S - len(tok), S) if pad_side == "left" else slice(0, len(tok))
+        ids[b, sl] = torch.tensor(tok)
+        mask[b, sl] = 1
+    grid = lambda k: [g for r in rows for g in r[k]]  # noqa: E731
+    img, vid, sec = grid(1), grid(2), grid(3)
+    return (ids, torch.tensor(img) if img else None, torch.tensor(vid) if vid else None,
+            torch.tensor(sec) if sec else None, mask)
+
+
+def test_spec_examples():
+    ids = torch.tensor([[TEXT, VS] + [IMG] * 4 + [VE, TEXT]])
+    pos, delta = ours(ids, img=torch.tensor([[1, 4, 4]]))
+    assert pos[:, 0].tolist() == [[0, 1, 2, 2, 2, 2, 4, 5], [0, 1, 2, 2, 3, 3, 4, 5], [0, 1, 2, 3, 2, 3, 4, 5]]
+    assert delta.tolist() == [[-2]]
+    ids = torch.tensor([[VS] + [VID] * 8 + [TEXT]])
+    pos, delta = ours(ids, vid=torch.tensor([[2, 4, 4]]), sec=torch.tensor([0.5]))
+    assert pos[0, 0].tolist() == [0, 1, 1, 1, 1, 2, 2, 2, 2, 3] and delta.tolist() == [[-6]]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("pad_side", ["left", "right"])
+def test_random_batches_match_hf(device, seed, pad_side):
+    rng = random.Random(seed)
+    rows = [random_sample(rng, rng.randint(0, 3), rng.randint(0, 2)) for _ in range(rng.randint(1, 4))]
+    ids, img, vid, sec, mask = batch(rows, pad_side, rng)
+    if img is None and vid is None:
+        img = torch.zeros(0, 3, dtype=torch.long)
+    want = hf.rope_index(ids, img, vid, sec, mask)
+    assert_same(ours(ids, img, vid, sec, mask, device), want)
+    # the same batch with an int32 and a bool mask, and int32 grids
+    assert_same(ours(ids, img.int() if img is not None else None, vid, sec, mask.int(), device), want)
+    assert_same(ours(ids, img, vid, sec, mask.bool(), device), want)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_video_without_seconds_and_fp32_time_rule(device):
+    ids = torch.tensor([[VS] + [VID] * 44 + [TEXT]])
+    vid = torch.tensor([[11, 2, 8]])
+    assert_same(ours(ids, vid=vid, device=device), hf.rope_index(ids, None, vid))
+    sec = torch.tensor([0.7])  # fl32 order matters: tau(5) = 7, not 6
+    assert_same(ours(ids, vid=vid, sec=sec, device=device), hf.rope_index(ids, None, vid, sec))
+    assert_same(ours(ids, vid=vid, sec=sec.double(), device=device), hf.rope_index(ids, None, vid, sec.double()))
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("wm", [41, 47, 55, 61, 82, 123])
+def test_merged_widths_the_published_kernel_gets_wrong(device, wm):
+    ids = torch.tensor([[TEXT, VS] + [IMG] * (3 * wm) + [VE, TEXT]])
+    img = torch.tensor([[1, 6, 2 * wm]])
+    assert_same(ours(ids, img=img, device=device), hf.rope_index(ids, img))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_many_blocks_in_a_row_and_text_only(device):
+    tokens, grids = [], []
+    for _ in range(70):  # > 64 vision blocks in one row
+        tokens += [TEXT, VS, IMG, VE]
+        grids.append([1, 2, 2])
+    ids, img = torch.tensor([tokens]), torch.tensor(grids)
+    assert_same(ours(ids, img=img, device=device), hf.rope_index(ids, img))
+    ids = torch.randint(0, 100, (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[1, :4] = 0
+    mask[2, 6:] = 0
+    assert_same(ours(ids, mask=mask, device=device), hf.rope_index(ids, attention_mask=mask))
+    assert_same(ours(ids, device=device), hf.rope_index(ids))
+
+
+GRIDS = [[[1, 2, 2]], [[1, 4, 82]], [[1, 18, 18]] * 24, [[1, 16, 16]], [[3, 8, 16]], [[1, 64, 64]] * 24,
+         [[1, 2, 2], [2, 10, 6], [1, 36, 20]], [[1, 34, 2]]]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: f"{len(g)}x{g[0]}")
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_rot_pos_emb_and_window_index_match_hf(device, grid, dtype):
+    g = torch.tensor(grid, dtype=dtype)
+    want = hf.rot_pos_emb(g)
+    inv_freq = hf.vision_tower().rotary_pos_emb.inv_freq
+    got = vi.rot_pos_emb(inv_freq.to(device), g.to(device), 2)
+    assert got.device.type == device and torch.equal(got.cpu(), want)
+    idx, cu = hf.window_index(g)
+    got_idx, got_cu = vi.get_window_index(g.to(device), 2, 112 // 2 // 14, 14, 4)
+    assert torch.equal(got_idx.cpu().long(), idx) and torch.equal(got_cu.cpu(), cu)
+    _, cu1 = vi.get_window_index(g.to(device), 2, 4, 14, 1)
+    assert torch.equal(cu1.cpu() * 4, cu)
+
+
+def test_vision_index_errors_and_empty():
+    with pytest.raises(ValueError, match="divisible"):
+        vi.rot_pos_emb(torch.rand(20), torch.tensor([[1, 3, 4]]), 2)
+    with pytest.raises(TypeError, match="grid_thw"):
+        vi.rot_pos_emb(torch.rand(20), torch.tensor([[1.0, 4, 4]]), 2)
+    empty = torch.zeros(0, 3, dtype=torch.long)
+    assert vi.rot_pos_emb(torch.rand(20), empty, 2).shape == (0, 40)
+    idx, cu = vi.get_window_index(empty, 2, 4, 14, 4)
+    assert idx.numel() == 0 and cu.tolist() == [0]
+
+
+def test_opcheck_vision_ops():
+    ids = torch.tensor([[TEXT, VS] + [IMG] * 4 + [VE, TEXT]])
+    torch.library.opcheck(torch.ops.sptr.rope_index.default,
+                          (ids, torch.tensor([[1, 4, 4]]), None, None, None, 2, IMG, VID, VS, 2.0))
+    tests = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.sptr.vision_rot_pos_emb.default, (torch.rand(4), torch.tensor([[1, 4, 4]]), 2),
+                          test_utils=tests)
+    torch.library.opcheck(torch.ops.sptr.vision_window_index.default, (torch.tensor([[1, 4, 8]]), 2, 4, 4),
+                          test_utils=tests)
