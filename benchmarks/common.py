@@ -1,0 +1,39 @@
+"""Timing and memory helpers for the benchmarks (CUDA events, median of repeats, peak allocation)."""
+import statistics
+
+import torch
+
+HBM_BYTES_PER_S = 4.3e12       # measured device-to-device copy on the H200 (read + write)
+BF16_FLOPS = 7.9e14            # measured dense bf16 matmul on the H200
+
+
+def time_ms(fn, warmup=3, repeat=20):
+    """Median milliseconds of `fn()` on the current CUDA stream."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def peak_mb(fn):
+    """Peak CUDA allocation of one call of `fn`, above what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def table(rows, header):
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    line = lambda r: " | ".join(str(v).rjust(w) for v, w in zip(r, widths))  # noqa: E731
+    return "\n".join([line(header), "-+-".join("-" * w for w in widths)] + [line(r) for r in rows])
