@@ -1,0 +1,189 @@
+"""SphereFormer's attention block (spec §7): cubic-window heads + spherical-window heads, pre-norm MLP block.
+
+Parameter names match the released SphereFormer checkpoints (``transformer_block.{norm1, attn, norm2, mlp}``
+with ``attn.relative_pos_{query,key,value}_table[_sphere]``, ``attn.qkv``, ``attn.proj``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..ops.sparse_attention import sparse_self_attention
+from ..ops.windowing import get_indices_params, to_3d_numpy
+from .config import LayerConfig, check_positive
+from .sparse_tensor import SparseTrTensor
+from .var_length_attention import quant_grid_length
+
+
+def cart2sphere(xyz: torch.Tensor) -> torch.Tensor:
+    """(θ, β, r) in degrees / metres, float32, in SphereFormer's operation order."""
+    x, y, z = xyz[:, 0], xyz[:, 1], xyz[:, 2]
+    theta = (torch.atan2(y, x) + math.pi) * 180 / math.pi
+    beta = torch.atan2(torch.sqrt(x ** 2 + y ** 2), z) * 180 / math.pi
+    r = torch.sqrt(x ** 2 + y ** 2 + z ** 2)
+    return torch.stack([theta, beta, r], -1)
+
+
+def exponential_split(xyz, index_0, index_1, relative_position_index, a=0.05 * 0.25):
+    """Exponentially growing radial bins of the pair radius difference (overwrites column 2; qgl 24)."""
+    bins = relative_position_index
+    delta = xyz[index_0.long(), 2] - xyz[index_1.long(), 2]
+    dist = delta.abs()
+    b = 2 * torch.floor(torch.log((dist + 2 * a) / a) / math.log(2)) - 2
+    b = b + ((3 * torch.pow(2, torch.floor(b / 2)) - 2) * a <= dist).float()
+    b = torch.where(delta >= 0, b, -b - 1)
+    bins[:, 2] = b + 24
+    return bins
+
+
+class DropPath(nn.Module):
+    """Stochastic depth per sample (here: per point, as SphereFormer applies it to (N, C) features)."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = 1 - self.p
+        mask = x.new_empty(x.shape[0], *([1] * (x.dim() - 1))).bernoulli_(keep)
+        return x * mask / keep
+
+
+class SparseMultiheadSASphereConcat(nn.Module):
+    """Heads [0, h/2): cubic windows on xyz; heads [h/2, h): spherical windows on cart2sphere(xyz)."""
+
+    def __init__(self, embed_dim, num_heads, indice_key, window_size, window_size_sphere, shift_win=False,
+                 pe_type="none", dropout=0.0, qk_scale=None, qkv_bias=True, algo="native", **kwargs):
+        super().__init__()
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.indice_key, self.shift_win, self.pe_type = indice_key, shift_win, pe_type
+        self.scale = qk_scale or self.head_dim ** -0.5
+        self.window_size = to_3d_numpy(window_size)
+        self.window_size_sphere = to_3d_numpy(window_size_sphere)
+        self.quant_size = to_3d_numpy(kwargs["quant_size"])
+        self.quant_size_sphere = to_3d_numpy(kwargs["quant_size_sphere"])
+        self.rel_query, self.rel_key, self.rel_value = (kwargs.get(f, False) for f in ("rel_query", "rel_key", "rel_value"))
+        self.a = kwargs.get("a", 0.05 * 0.25)
+        self.quant_grid_length = quant_grid_length(self.window_size, self.quant_size)
+        self.quant_grid_length_sphere = quant_grid_length(self.window_size_sphere, self.quant_size_sphere)
+        h1 = num_heads // 2
+        h2 = num_heads - h1
+        cubic = (2 * self.quant_grid_length - 1, 3, h1, self.head_dim)
+        sphere = (2 * self.quant_grid_length_sphere, 3, h2, self.head_dim)  # one more row: the clamped radial bin
+        for suffix, shape in (("", cubic), ("_sphere", sphere)):
+            for kind in ("query", "key", "value"):
+                table = nn.Parameter(torch.zeros(shape))
+                nn.init.trunc_normal_(table, std=0.02)
+                setattr(self, f"relative_pos_{kind}_table{suffix}", table)
+        self.qkv = nn.Linear(embed_dim, embed_dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(dropout)  # never applied (published behaviour)
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        self.proj_drop = nn.Dropout(dropout)
+
+    def _branch(self, q, k, v, xyz, params, window, quant, qgl, tables, split_func=None):
+        index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx = params
+        return sparse_self_attention(
+            q.contiguous().float(), k.contiguous().float(), v.contiguous().float(), xyz.float(), index_0,
+            index_0_offsets, n_max, index_1, index_1_offsets, sort_idx, window, self.shift_win,
+            pe_type=self.pe_type, rel_query=self.rel_query, rel_key=self.rel_key, rel_value=self.rel_value,
+            quant_size=quant, quant_grid_length=qgl, relative_pos_query_table=tables[0].float(),
+            relative_pos_key_table=tables[1].float(), relative_pos_value_table=tables[2].float(),
+            split_func=split_func)
+
+    def forward(self, sptr_tensor: SparseTrTensor) -> SparseTrTensor:
+        if sptr_tensor.key_feats is not None or sptr_tensor.value_feats is not None:
+            raise ValueError("SparseMultiheadSASphereConcat is self-attention: key_feats/value_feats must be None")
+        feats, indices = sptr_tensor.query_feats, sptr_tensor.query_indices
+        xyz, batch = indices[:, 1:], indices[:, 0]
+        n, c = feats.shape
+        h, d = self.num_heads, self.head_dim
+        qkv = self.qkv(feats).reshape(n, 3, h, d)
+        q, k, v = qkv[:, 0] * self.scale, qkv[:, 1], qkv[:, 2]
+        xyz_sphere = cart2sphere(xyz.float())
+        cached = sptr_tensor.find_indice_params(self.indice_key)
+        if cached is None:
+            cubic = get_indices_params(xyz, batch, self.window_size, self.shift_win)
+            sphere = get_indices_params(xyz_sphere, batch, self.window_size_sphere, self.shift_win)
+            sptr_tensor.indice_dict[self.indice_key] = cubic + (self.window_size, self.shift_win) + sphere
+        else:
+            cubic, sphere = tuple(cached[:6]), tuple(cached[8:])
+            if not np.array_equal(cached[6], self.window_size) or cached[7] != self.shift_win:
+                raise ValueError(f"indice_key {self.indice_key!r} was computed with other window parameters")
+        h1 = h // 2
+        out_cubic = self._branch(q[:, :h1], k[:, :h1], v[:, :h1], xyz, cubic, self.window_size, self.quant_size,
+                                 self.quant_grid_length, (self.relative_pos_query_table, self.relative_pos_key_table,
+                                                          self.relative_pos_value_table))
+        out_sphere = self._branch(q[:, h1:], k[:, h1:], v[:, h1:], xyz_sphere, sphere, self.window_size_sphere,
+                                  self.quant_size_sphere, self.quant_grid_length_sphere,
+                                  (self.relative_pos_query_table_sphere, self.relative_pos_key_table_sphere,
+                                   self.relative_pos_value_table_sphere), partial(exponential_split, a=self.a))
+        x = torch.cat([out_cubic, out_sphere], 1).reshape(n, c)
+        x = self.proj_drop(self.proj(x.to(self.proj.weight.dtype)))
+        return SparseTrTensor(x, indices, sptr_tensor.spatial_shape, sptr_tensor.batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class SphereFormerConfig(LayerConfig):
+    """One SphereFormer block; defaults are SemanticKITTI level 1 (C 32, 2 heads, 0.3 m cubic windows)."""
+    dim: int = 32
+    num_heads: int = 2
+    window_size: tuple = (0.3, 0.3, 0.3)
+    window_size_sphere: tuple = (2.0, 2.0, 80.0)
+    quant_size: tuple = (0.0125, 0.0125, 0.0125)
+    quant_size_sphere: tuple = (2.0 / 24, 2.0 / 24, 80.0 / 24)
+    indice_key: str = "sphereformer0"
+    drop_path: float = 0.0
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    qk_scale: float | None = None
+    a: float = 0.05 * 0.25
+
+    def __post_init__(self):
+        check_positive(type(self).__name__, dim=self.dim, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio)
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim {self.dim} must be divisible by num_heads {self.num_heads}")
+        if self.num_heads < 2:
+            raise ValueError("SphereFormer splits heads between cubic and spherical windows: num_heads >= 2")
+        if not 0.0 <= self.drop_path < 1.0:
+            raise ValueError(f"drop_path must be in [0, 1), got {self.drop_path}")
+
+
+class SphereFormer(nn.Module):
+    """Pre-norm block: ``x + DropPath(attn(norm1(x)))``, then ``x + DropPath(mlp(norm2(x)))``.
+
+    ``forward(feats (N, C), xyz (N, 3) metric coordinates, batch (N,))``; window indices are rebuilt each call.
+    """
+
+    def __init__(self, cfg: SphereFormerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.norm1 = nn.LayerNorm(cfg.dim)
+        self.attn = SparseMultiheadSASphereConcat(
+            cfg.dim, cfg.num_heads, cfg.indice_key, np.array(cfg.window_size, np.float32),
+            np.array(cfg.window_size_sphere, np.float32), pe_type="contextual", qk_scale=cfg.qk_scale,
+            qkv_bias=cfg.qkv_bias, rel_query=True, rel_key=True, rel_value=True,
+            quant_size=np.array(cfg.quant_size, np.float32), quant_size_sphere=np.array(cfg.quant_size_sphere, np.float32),
+            a=cfg.a)
+        self.drop_path = DropPath(cfg.drop_path)
+        self.norm2 = nn.LayerNorm(cfg.dim)
+        hidden = int(cfg.dim * cfg.mlp_ratio)
+        self.mlp = nn.Sequential()
+        self.mlp.add_module("fc1", nn.Linear(cfg.dim, hidden))
+        self.mlp.add_module("act", nn.GELU())
+        self.mlp.add_module("drop1", nn.Dropout(0.0))
+        self.mlp.add_module("fc2", nn.Linear(hidden, cfg.dim))
+        self.mlp.add_module("drop2", nn.Dropout(0.0))
+
+    def forward(self, feats, xyz, batch):
+        indices = torch.cat([batch[:, None].to(xyz.dtype), xyz], -1)
+        attn = self.attn(SparseTrTensor(self.norm1(feats), indices, None, None)).query_feats
+        x = feats + self.drop_path(attn)
+        return x + self.drop_path(self.mlp(self.norm2(x)))

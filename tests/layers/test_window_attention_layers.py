@@ -1,0 +1,123 @@
+"""VarLengthMultiheadSA and the SphereFormer block (spec §6, §7)."""
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+import sptr
+from sptr.layers.sphereformer import SphereFormer, SphereFormerConfig, cart2sphere, exponential_split
+from sptr.layers.var_length_attention import VarLengthMultiheadSAConfig
+from sptr.reference.windowing import sparse_self_attention_reference
+from tests.helpers import assert_close
+
+
+def points(n=400, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    xyz = torch.rand(n, 3, generator=gen) * 1.2
+    batch = (torch.arange(n) >= n // 2).long()
+    return xyz, batch, torch.randn(n, 32, generator=gen)
+
+
+def test_contextual_pe_type_is_used_and_trained():
+    """Published VarLengthMultiheadSA drops pe_type (D5): here the tables change the output and get gradients."""
+    xyz, batch, feats = points()
+    torch.manual_seed(0)
+    m = sptr.VarLengthMultiheadSA(32, 2, "k", 0.3, pe_type="contextual", rel_query=True, rel_key=True,
+                                  rel_value=True, quant_size=0.0125)
+    plain = sptr.VarLengthMultiheadSA(32, 2, "k", 0.3)
+    plain.load_state_dict({k: v for k, v in m.state_dict().items() if "relative" not in k})
+    t = lambda: sptr.SparseTrTensor(feats, torch.cat([batch[:, None].float(), xyz], 1), None, 2)  # noqa: E731
+    y = m(t()).query_feats
+    assert (y - plain(t()).query_feats).abs().max() > 1e-4
+    y.square().sum().backward()
+    assert all(getattr(m, f"relative_pos_{n}_table").grad.abs().sum() > 0 for n in ("query", "key", "value"))
+    assert list(m.state_dict())[:3] == ["relative_pos_query_table", "relative_pos_key_table",
+                                        "relative_pos_value_table"]
+
+
+def test_index_cache_hit_and_mismatch():
+    """A cache hit works (published raises on every hit, D13); other window parameters are rejected."""
+    xyz, batch, feats = points()
+    t = sptr.SparseTrTensor(feats, torch.cat([batch[:, None].float(), xyz], 1), None, 2)
+    a, b = sptr.VarLengthMultiheadSA(32, 2, "key", 0.3), sptr.VarLengthMultiheadSA(32, 2, "key", 0.3)
+    a(t)
+    assert "key" in t.indice_dict
+    b(t)
+    with pytest.raises(ValueError, match="window_size"):
+        sptr.VarLengthMultiheadSA(32, 2, "key", 0.4)(t)
+
+
+@pytest.mark.parametrize("pe", ["sine", "fourier"])
+def test_position_embedding_out_of_place(pe):
+    xyz, batch, feats = points()
+    before = feats.clone()
+    m = sptr.VarLengthMultiheadSA(32, 2, "k", 0.3, pe_type=pe)
+    m(sptr.SparseTrTensor(feats, torch.cat([batch[:, None].float(), xyz], 1), None, 2))
+    assert torch.equal(feats, before)
+
+
+def test_config_from_dict_rejects_unknown_keys():
+    cfg = VarLengthMultiheadSAConfig.from_dict({"embed_dim": 32, "num_heads": 2, "indice_key": "a",
+                                                "window_size": [0.3, 0.3, 0.3]})
+    assert isinstance(sptr.VarLengthMultiheadSA.from_config(cfg), sptr.VarLengthMultiheadSA)
+    with pytest.raises(ValueError, match="unknown keys \\['heads'\\]"):
+        VarLengthMultiheadSAConfig.from_dict({"embed_dim": 32, "heads": 2, "indice_key": "a"})
+    with pytest.raises(ValueError, match="divisible"):
+        VarLengthMultiheadSAConfig(embed_dim=30, num_heads=4, indice_key="a")
+
+
+def test_sphereformer_state_dict_names_and_shapes():
+    m = SphereFormer(SphereFormerConfig(dim=64, num_heads=4))
+    sd = m.state_dict()
+    assert sd["attn.relative_pos_query_table"].shape == (47, 3, 2, 16)
+    assert sd["attn.relative_pos_value_table_sphere"].shape == (48, 3, 2, 16)
+    assert sd["attn.qkv.weight"].shape == (192, 64) and sd["mlp.fc1.weight"].shape == (256, 64)
+    assert sorted(sd) == sorted(
+        ["norm1.weight", "norm1.bias", "norm2.weight", "norm2.bias", "attn.qkv.weight", "attn.qkv.bias",
+         "attn.proj.weight", "attn.proj.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias"]
+        + [f"attn.relative_pos_{k}_table{s}" for k in ("query", "key", "value") for s in ("", "_sphere")])
+
+
+def test_exponential_split_bins():
+    a = 0.0125
+    r = torch.tensor([0.0, 0.5 * a, 1.5 * a, 3 * a, 5 * a, 8 * a, 12 * a])
+    xyz = torch.stack([torch.zeros_like(r), torch.zeros_like(r), r], 1)
+    i0 = torch.arange(7, dtype=torch.int32)
+    i1 = torch.zeros(7, dtype=torch.int32)
+    bins = exponential_split(xyz, i0, i1, torch.zeros(7, 3), a=a)[:, 2] - 24
+    assert bins.tolist() == [0, 0, 1, 2, 3, 4, 5]
+    bins = exponential_split(xyz, i1, i0, torch.zeros(7, 3), a=a)[:, 2] - 24
+    assert bins.tolist() == [0, -1, -2, -3, -4, -5, -6]
+
+
+def test_sphereformer_attention_matches_reference_branches():
+    gen = torch.Generator().manual_seed(4)
+    n = 500
+    ang = torch.rand(n, generator=gen) * 6.283
+    rad = 2 + 8 * torch.rand(n, generator=gen)
+    xyz = torch.stack([rad * ang.cos(), rad * ang.sin(), torch.rand(n, generator=gen) * 0.5 - 1.7], 1)
+    batch = torch.zeros(n, dtype=torch.long)
+    cfg = SphereFormerConfig(dim=32, num_heads=2, window_size=(1.2, 1.2, 1.2), quant_size=(0.05, 0.05, 0.05),
+                             window_size_sphere=(4.5, 4.5, 80.0), quant_size_sphere=(4.5 / 24, 4.5 / 24, 80 / 24))
+    block = SphereFormer(cfg)
+    feats = torch.randn(n, 32, generator=gen)
+    x = block.norm1(feats)
+    got = block.attn(sptr.SparseTrTensor(x, torch.cat([batch[:, None].float(), xyz], 1), None, None)).query_feats
+    qkv = block.attn.qkv(x).reshape(n, 3, 2, 16).double()
+    q, k, v = qkv[:, 0] * 0.25, qkv[:, 1], qkv[:, 2]
+    at = block.attn
+    cubic = sparse_self_attention_reference(
+        q[:, :1], k[:, :1], v[:, :1], xyz, batch, at.window_size, False, at.quant_size, 24,
+        [t.double() for t in (at.relative_pos_query_table, at.relative_pos_key_table, at.relative_pos_value_table)])
+    sphere = sparse_self_attention_reference(
+        q[:, 1:], k[:, 1:], v[:, 1:], cart2sphere(xyz), batch, at.window_size_sphere, False, at.quant_size_sphere, 24,
+        [t.double() for t in (at.relative_pos_query_table_sphere, at.relative_pos_key_table_sphere,
+                              at.relative_pos_value_table_sphere)], partial(exponential_split, a=cfg.a))
+    ref = torch.nn.functional.linear(torch.cat([cubic, sphere], 1).reshape(n, 32), at.proj.weight.double(),
+                                     at.proj.bias.double())
+    assert_close("sphereformer attention", got, ref, 2e-5)
+    out = block(feats, xyz, batch)
+    out.square().sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in block.parameters())
+    assert np.isfinite(out.detach().numpy()).all()

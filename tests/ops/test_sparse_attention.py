@@ -1,0 +1,137 @@
+"""Window assignment, relative index and the composite sparse_self_attention (spec §3, §5)."""
+import numpy as np
+import pytest
+import torch
+
+import sptr
+from sptr.ops.windowing import relative_position_index
+from sptr.reference.windowing import sparse_self_attention_reference, window_ids_reference
+from tests.helpers import assert_close, device_params
+
+
+def scene(n=600, seed=0, extent=1.5):
+    gen = torch.Generator().manual_seed(seed)
+    xyz = torch.rand(n, 3, generator=gen) * extent
+    batch = torch.zeros(n, dtype=torch.long)
+    batch[n // 3:] = 2  # batch 1 is empty
+    return xyz, batch[torch.randperm(n, generator=gen)]  # batch not sorted
+
+
+def test_to_3d_numpy():
+    assert sptr.to_3d_numpy(0.5).tolist() == [0.5, 0.5, 0.5] and sptr.to_3d_numpy(0.5).dtype == np.float32
+    assert sptr.to_3d_numpy([1, 2, 3]).dtype.kind == "i"
+    a = np.zeros(3)
+    assert sptr.to_3d_numpy(a) is a
+    with pytest.raises(ValueError):
+        sptr.to_3d_numpy("x")
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_window_ids_exact(shift):
+    xyz, batch = scene()
+    w = np.array([0.3, 0.25, 0.4], np.float32)
+    if shift:
+        got = sptr.grid_sample(xyz + 0.5 * torch.from_numpy(w), batch, w, start=xyz.min(0).values, return_p2v=False,
+                               return_counts=False)
+        want = window_ids_reference(xyz + 0.5 * torch.from_numpy(w), batch, w, xyz.min(0).values.numpy())
+    else:
+        got = sptr.grid_sample(xyz, batch, w, return_p2v=False, return_counts=False)
+        want = window_ids_reference(xyz, batch, w)
+    assert torch.equal(got, want)
+
+
+def test_grid_sample_forms_and_p2v():
+    xyz, batch = scene(200)
+    cluster, n_max, counts = sptr.grid_sample(xyz, batch, 0.5, return_p2v=False)
+    assert int(counts.sum()) == 200 and n_max == int(counts.max())
+    cluster2, p2v, counts2, unique = sptr.grid_sample(xyz, batch, 0.5, return_unique=True)
+    assert torch.equal(cluster, cluster2) and torch.equal(counts, counts2) and p2v.shape == (counts.numel(), n_max)
+    for w in range(counts.numel()):
+        members = torch.nonzero(cluster == w).flatten()
+        assert torch.equal(p2v[w, : counts[w]], members)
+    assert torch.all(unique[1:] > unique[:-1])
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("shift", [False, True])
+def test_get_indices_params_layout(device, shift):
+    xyz, batch = scene()
+    i0, o0, n_max, i1, o1, sort_idx = sptr.get_indices_params(xyz.to(device), batch.to(device), [0.3, 0.3, 0.3],
+                                                              shift)
+    assert i0.dtype == torch.int32 and sort_idx.dtype == torch.int64
+    cluster = sptr.grid_sample(xyz + (0.15 if shift else 0.0), batch, 0.3, start=xyz.min(0).values if shift else None,
+                               return_p2v=False, return_counts=False)
+    assert torch.equal(sort_idx.cpu(), torch.sort(cluster, stable=True).indices)
+    # every pair joins two points of the same window; every window is complete
+    sc = cluster[sort_idx.cpu()]
+    assert torch.equal(sc[i0.long().cpu()], sc[i1.long().cpu()])
+    assert i0.numel() == int((torch.bincount(cluster) ** 2).sum())
+
+
+def test_relative_index_exact_and_split_func_arity():
+    xyz, batch = scene(300)
+    i0, o0, _, i1, _, sort_idx = sptr.get_indices_params(xyz, batch, 0.3, False)
+    X = xyz[sort_idx]
+    rel = relative_position_index(X, i0, i1, 0.3, 0.0125, 24, False)
+    # independent float32 evaluation of spec §5.1
+    d = (X - X.min(0).values).numpy().astype(np.float32)
+    r = np.fmod(d, np.float32(0.3))
+    xq = np.floor_divide(r, np.float32(0.0125))
+    want = xq[i0.long().numpy()] - xq[i1.long().numpy()] + 23
+    assert np.array_equal(rel.numpy(), want.astype(np.int32))
+    assert rel.min() >= 0 and rel.max() <= 46
+    calls = []
+
+    def four(x, a, b, r):
+        calls.append(4)
+        return r
+
+    def five(x, a, b, r, qgl):
+        calls.append(qgl)
+        return r
+
+    relative_position_index(X, i0, i1, 0.3, 0.0125, 24, False, four)
+    relative_position_index(X, i0, i1, 0.3, 0.0125, 24, False, five)
+    assert calls == [4, 24]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("pe", ["none", "contextual"])
+def test_sparse_self_attention_matches_reference(device, shift, pe):
+    xyz, batch = scene(500)
+    gen = torch.Generator().manual_seed(1)
+    h, d, qgl = 2, 16, 24
+    q, k, v = (torch.randn(500, h, d, generator=gen) for _ in range(3))
+    tables = [torch.randn(2 * qgl - 1, 3, h, d, generator=gen) * 0.1 for _ in range(3)]
+    leaves = [t.to(device).clone().requires_grad_() for t in (q, k, v, *tables)]
+    i0, o0, n_max, i1, o1, sort_idx = sptr.get_indices_params(xyz.to(device), batch.to(device), 0.3, shift)
+    extra = {}
+    if pe == "contextual":
+        extra = dict(rel_query=True, rel_key=True, rel_value=True, quant_size=0.0125, quant_grid_length=qgl,
+                     relative_pos_query_table=leaves[3], relative_pos_key_table=leaves[4],
+                     relative_pos_value_table=leaves[5])
+    out = sptr.sparse_self_attention(*leaves[:3], xyz.to(device), i0, o0, n_max, i1, o1, sort_idx, 0.3, shift,
+                                     pe_type=pe, **extra)
+    g = torch.randn(out.shape, generator=gen)
+    out.backward(g.to(device))
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, *tables)]
+    ref = sparse_self_attention_reference(*ref_leaves[:3], xyz, batch, 0.3, shift, 0.0125, qgl,
+                                          ref_leaves[3:] if pe == "contextual" else None)
+    ref.backward(g.double())
+    assert_close("out", out, ref, 2e-5)
+    names = ["dq", "dk", "dv", "dtable_q", "dtable_k", "dtable_v"][: 6 if pe == "contextual" else 3]
+    for name, a, b in zip(names, leaves, ref_leaves):
+        assert_close(name, a.grad, b.grad, 5e-5)
+
+
+def test_low_precision_dtype_argument_keeps_output_dtype():
+    xyz, batch = scene(300)
+    q = torch.randn(300, 2, 16)
+    params = sptr.get_indices_params(xyz, batch, 0.3, False)
+    i0, o0, n_max, i1, o1, sort_idx = params
+    out = sptr.sparse_self_attention(q, q, q, xyz, i0, o0, n_max, i1, o1, sort_idx, 0.3, False,
+                                     dtype=torch.bfloat16)
+    ref = sparse_self_attention_reference(q.double(), q.double(), q.double(), xyz, batch, 0.3, False, None, None)
+    assert out.dtype == torch.float32
+    assert_close("out bf16", out, ref, 4e-2)
