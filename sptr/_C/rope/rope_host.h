@@ -15,28 +15,28 @@ struct RopeTables {
 
 inline RopeTables rope_tables(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               at::IntArrayRef section) {
-  TORCH_CHECK_VALUE(cos.sizes() == sin.sizes(), "cos and sin must have the same shape, got ", cos.sizes(), " and ",
+  SPTR_CHECK_VALUE(cos.sizes() == sin.sizes(), "cos and sin must have the same shape, got ", cos.sizes(), " and ",
                     sin.sizes());
-  TORCH_CHECK_TYPE(cos.scalar_type() == sin.scalar_type(), "cos and sin must share a dtype");
-  TORCH_CHECK_TYPE(cos.scalar_type() == at::kFloat || cos.scalar_type() == x.scalar_type(),
+  SPTR_CHECK_TYPE(cos.scalar_type() == sin.scalar_type(), "cos and sin must share a dtype");
+  SPTR_CHECK_TYPE(cos.scalar_type() == at::kFloat || cos.scalar_type() == x.scalar_type(),
                    "cos/sin must be float32 or the dtype of q, ", x.scalar_type(), ", got ", cos.scalar_type());
   SPTR_CHECK_SAME_DEVICE(cos, x);
   const int64_t B = x.size(0), S = x.size(2), D = x.size(3);
   RopeTables t;
   t.composed = cos.dim() == 3;
   if (t.composed) {
-    TORCH_CHECK_VALUE(cos.size(1) == S && cos.size(2) == D && (cos.size(0) == B || cos.size(0) == 1),
+    SPTR_CHECK_VALUE(cos.size(1) == S && cos.size(2) == D && (cos.size(0) == B || cos.size(0) == 1),
                       "composed cos/sin must be [B, S, D] = [", B, ", ", S, ", ", D, "], got ", cos.sizes());
     t.cos = cos.unsqueeze(0).expand({3, B, S, D});
     t.sin = sin.unsqueeze(0).expand({3, B, S, D});
   } else {
-    TORCH_CHECK_VALUE(cos.dim() == 4 && cos.size(0) == 3 && cos.size(2) == S && cos.size(3) == D &&
+    SPTR_CHECK_VALUE(cos.dim() == 4 && cos.size(0) == 3 && cos.size(2) == S && cos.size(3) == D &&
                           (cos.size(1) == B || cos.size(1) == 1),
                       "cos/sin must be [3, B, S, D] = [3, ", B, ", ", S, ", ", D, "] or composed [B, S, D], got ",
                       cos.sizes());
-    TORCH_CHECK_VALUE(section.size() == 3, "mrope_section must have 3 entries for [3, B, S, D] tables, got ",
+    SPTR_CHECK_VALUE(section.size() == 3, "mrope_section must have 3 entries for [3, B, S, D] tables, got ",
                       section.size());
-    TORCH_CHECK_VALUE(section[0] >= 0 && section[1] >= 0 && section[2] >= 0 &&
+    SPTR_CHECK_VALUE(section[0] >= 0 && section[1] >= 0 && section[2] >= 0 &&
                           section[0] + section[1] + section[2] == D / 2,
                       "mrope_section ", section, " must sum to head_dim / 2 = ", D / 2);
     t.cos = cos.expand({3, B, S, D});
@@ -46,9 +46,9 @@ inline RopeTables rope_tables(const at::Tensor& x, const at::Tensor& cos, const 
 }
 
 inline void check_rope_operand(const at::Tensor& x, const char* name) {
-  TORCH_CHECK_VALUE(x.dim() == 4, name, " must be [B, H, S, D], got shape ", x.sizes());
+  SPTR_CHECK_VALUE(x.dim() == 4, name, " must be [B, H, S, D], got shape ", x.sizes());
   SPTR_CHECK_FLOATING(x);
-  TORCH_CHECK_VALUE(x.size(3) % 2 == 0, name, " head_dim must be even, got ", x.size(3));
+  SPTR_CHECK_VALUE(x.size(3) % 2 == 0, name, " head_dim must be even, got ", x.size(3));
 }
 
 inline void check_rope_pair(const at::Tensor& q, const at::Tensor& k) {
@@ -56,7 +56,7 @@ inline void check_rope_pair(const at::Tensor& q, const at::Tensor& k) {
   check_rope_operand(k, "k");
   SPTR_CHECK_SAME_DTYPE(k, q);
   SPTR_CHECK_SAME_DEVICE(k, q);
-  TORCH_CHECK_VALUE(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3),
+  SPTR_CHECK_VALUE(q.size(0) == k.size(0) && q.size(2) == k.size(2) && q.size(3) == k.size(3),
                     "q and k must share B, S and D, got ", q.sizes(), " and ", k.sizes());
 }
 
@@ -114,9 +114,9 @@ void rope_rotate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos
 }
 
 inline void check_rope_out(const at::Tensor& out, const at::Tensor& x, const char* name) {
-  TORCH_CHECK_VALUE(out.sizes() == x.sizes(), name, " must have shape ", x.sizes(), ", got ", out.sizes());
-  TORCH_CHECK_TYPE(out.scalar_type() == x.scalar_type(), name, " must have dtype ", x.scalar_type());
-  TORCH_CHECK_VALUE(out.device() == x.device(), name, " must be on ", x.device());
+  SPTR_CHECK_VALUE(out.sizes() == x.sizes(), name, " must have shape ", x.sizes(), ", got ", out.sizes());
+  SPTR_CHECK_TYPE(out.scalar_type() == x.scalar_type(), name, " must have dtype ", x.scalar_type());
+  SPTR_CHECK_VALUE(out.device() == x.device(), name, " must be on ", x.device());
   at::assert_no_internal_overlap(out);
   at::assert_no_overlap(out, x);
 }

@@ -30,7 +30,7 @@ at::Tensor vision_rot_pos_emb_cpu(const at::Tensor& inv_freq, const at::Tensor& 
 
 std::tuple<at::Tensor, at::Tensor> vision_window_index_cpu(const at::Tensor& grid_thw, int64_t merge, int64_t window,
                                                            int64_t unit) {
-  TORCH_CHECK_VALUE(window > 0, "window size (vit_merger_window_size) must be positive, got ", window);
+  SPTR_CHECK_VALUE(window > 0, "window size (vit_merger_window_size) must be positive, got ", window);
   const GridTable t = grid_table(grid_thw, merge, window, /*need_divisible=*/false);
   auto index = at::empty({t.entries}, grid_thw.options().device(at::kCPU).dtype(at::kInt));
   auto cu = at::empty({t.windows + 1}, index.options());

@@ -130,7 +130,7 @@ at::Tensor device_table(const GridTable& t, const at::Device& device) {
 at::Tensor vision_rot_pos_emb_cuda(const at::Tensor& inv_freq, const at::Tensor& grid_thw, int64_t merge) {
   c10::cuda::CUDAGuard guard(inv_freq.device());
   check_inv_freq(inv_freq);
-  TORCH_CHECK_VALUE(inv_freq.is_cuda(), "inv_freq must be on the GPU for the CUDA kernel");
+  SPTR_CHECK_VALUE(inv_freq.is_cuda(), "inv_freq must be on the GPU for the CUDA kernel");
   const GridTable t = grid_table(grid_thw, merge, 0, /*need_divisible=*/true);
   const int64_t F = inv_freq.size(0);
   auto out = at::empty({t.tokens, 2 * F}, inv_freq.options());
@@ -147,7 +147,7 @@ at::Tensor vision_rot_pos_emb_cuda(const at::Tensor& inv_freq, const at::Tensor&
 std::tuple<at::Tensor, at::Tensor> vision_window_index_cuda(const at::Tensor& grid_thw, int64_t merge, int64_t window,
                                                             int64_t unit) {
   c10::cuda::CUDAGuard guard(grid_thw.device());
-  TORCH_CHECK_VALUE(window > 0, "window size (vit_merger_window_size) must be positive, got ", window);
+  SPTR_CHECK_VALUE(window > 0, "window size (vit_merger_window_size) must be positive, got ", window);
   const GridTable t = grid_table(grid_thw, merge, window, /*need_divisible=*/false);
   auto opts = grid_thw.options().dtype(at::kInt);
   auto index = at::empty({t.entries}, opts), cu = at::empty({t.windows + 1}, opts);

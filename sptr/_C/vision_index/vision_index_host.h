@@ -14,11 +14,11 @@ struct GridTable {
 };
 
 inline GridTable grid_table(const at::Tensor& grid_thw, int64_t merge, int64_t window, bool need_divisible) {
-  TORCH_CHECK_VALUE(grid_thw.dim() == 2 && grid_thw.size(1) == 3, "grid_thw must be [num_grids, 3], got ",
+  SPTR_CHECK_VALUE(grid_thw.dim() == 2 && grid_thw.size(1) == 3, "grid_thw must be [num_grids, 3], got ",
                     grid_thw.sizes());
-  TORCH_CHECK_TYPE(grid_thw.scalar_type() == at::kInt || grid_thw.scalar_type() == at::kLong,
+  SPTR_CHECK_TYPE(grid_thw.scalar_type() == at::kInt || grid_thw.scalar_type() == at::kLong,
                    "grid_thw must be int32 or int64, got ", grid_thw.scalar_type());
-  TORCH_CHECK_VALUE(merge > 0, "spatial_merge_size must be positive, got ", merge);
+  SPTR_CHECK_VALUE(merge > 0, "spatial_merge_size must be positive, got ", merge);
   auto g = grid_thw.to(at::kCPU, at::kLong).contiguous();
   GridTable t;
   t.n = g.size(0);
@@ -27,10 +27,10 @@ inline GridTable grid_table(const at::Tensor& grid_thw, int64_t merge, int64_t w
   int64_t* dst = t.rows.mutable_data_ptr<int64_t>();
   for (int64_t i = 0; i < t.n; ++i) {
     const int64_t T = src[3 * i], H = src[3 * i + 1], W = src[3 * i + 2];
-    TORCH_CHECK_VALUE(T >= 0 && H >= 0 && W >= 0, "grid_thw[", i, "] must be non-negative, got (", T, ", ", H,
+    SPTR_CHECK_VALUE(T >= 0 && H >= 0 && W >= 0, "grid_thw[", i, "] must be non-negative, got (", T, ", ", H,
                       ", ", W, ")");
     if (need_divisible)
-      TORCH_CHECK_VALUE(H % merge == 0 && W % merge == 0, "grid_thw[", i, "] = (", T, ", ", H, ", ", W,
+      SPTR_CHECK_VALUE(H % merge == 0 && W % merge == 0, "grid_thw[", i, "] = (", T, ", ", H, ", ", W,
                         "): h and w must be divisible by spatial_merge_size ", merge);
     int64_t* r = dst + i * kGridColumns;
     r[kT] = T;
@@ -49,8 +49,8 @@ inline GridTable grid_table(const at::Tensor& grid_thw, int64_t merge, int64_t w
 }
 
 inline void check_inv_freq(const at::Tensor& inv_freq) {
-  TORCH_CHECK_VALUE(inv_freq.dim() == 1, "inv_freq must be 1-D, got shape ", inv_freq.sizes());
-  TORCH_CHECK_TYPE(inv_freq.scalar_type() == at::kFloat, "inv_freq must be float32, got ", inv_freq.scalar_type());
+  SPTR_CHECK_VALUE(inv_freq.dim() == 1, "inv_freq must be 1-D, got shape ", inv_freq.sizes());
+  SPTR_CHECK_TYPE(inv_freq.scalar_type() == at::kFloat, "inv_freq must be float32, got ", inv_freq.scalar_type());
 }
 
 // Grids, seconds and config of rope_index, on the inputs' device.
@@ -62,8 +62,8 @@ struct RopeIndexInputs {
 
 inline at::Tensor grid_or_empty(const std::optional<at::Tensor>& g, const at::Tensor& ids, const char* name) {
   if (!g.has_value() || !g->defined()) return at::Tensor();
-  TORCH_CHECK_VALUE(g->dim() == 2 && g->size(1) == 3, name, " must be [n, 3], got ", g->sizes());
-  TORCH_CHECK_TYPE(g->scalar_type() == at::kInt || g->scalar_type() == at::kLong, name,
+  SPTR_CHECK_VALUE(g->dim() == 2 && g->size(1) == 3, name, " must be [n, 3], got ", g->sizes());
+  SPTR_CHECK_TYPE(g->scalar_type() == at::kInt || g->scalar_type() == at::kLong, name,
                    " must be int32 or int64, got ", g->scalar_type());
   return g->to(ids.device(), at::kLong).contiguous();
 }
@@ -74,14 +74,14 @@ inline RopeIndexInputs rope_index_inputs(const at::Tensor& input_ids, const std:
                                          const std::optional<at::Tensor>& attention_mask, int64_t merge,
                                          int64_t image_token, int64_t video_token, int64_t vision_start,
                                          double tokens_per_second) {
-  TORCH_CHECK_VALUE(input_ids.dim() == 2, "input_ids must be [B, S], got shape ", input_ids.sizes());
-  TORCH_CHECK_TYPE(at::isIntegralType(input_ids.scalar_type(), false), "input_ids must be an integer tensor, got ",
+  SPTR_CHECK_VALUE(input_ids.dim() == 2, "input_ids must be [B, S], got shape ", input_ids.sizes());
+  SPTR_CHECK_TYPE(at::isIntegralType(input_ids.scalar_type(), false), "input_ids must be an integer tensor, got ",
                    input_ids.scalar_type());
-  TORCH_CHECK_VALUE(merge > 0, "spatial_merge_size must be positive, got ", merge);
+  SPTR_CHECK_VALUE(merge > 0, "spatial_merge_size must be positive, got ", merge);
   RopeIndexInputs in;
   in.ids = input_ids.to(at::kLong).contiguous();
   if (attention_mask.has_value() && attention_mask->defined()) {
-    TORCH_CHECK_VALUE(attention_mask->sizes() == input_ids.sizes(), "attention_mask must be 2-D with the shape of "
+    SPTR_CHECK_VALUE(attention_mask->sizes() == input_ids.sizes(), "attention_mask must be 2-D with the shape of "
                       "input_ids ", input_ids.sizes(), ", got ", attention_mask->sizes());
     in.mask = attention_mask->to(input_ids.device(), at::kLong).contiguous();
   }
@@ -102,9 +102,9 @@ inline RopeIndexInputs rope_index_inputs(const at::Tensor& input_ids, const std:
   }
   if (second_per_grid_ts.has_value() && second_per_grid_ts->defined()) {
     const auto& s = *second_per_grid_ts;
-    TORCH_CHECK_VALUE(s.dim() == 1 && s.size(0) >= c.n_video, "second_per_grid_ts must be 1-D with one entry per "
+    SPTR_CHECK_VALUE(s.dim() == 1 && s.size(0) >= c.n_video, "second_per_grid_ts must be 1-D with one entry per "
                       "video grid (", c.n_video, "), got shape ", s.sizes());
-    TORCH_CHECK_TYPE(s.is_floating_point(), "second_per_grid_ts must be a floating tensor, got ", s.scalar_type());
+    SPTR_CHECK_TYPE(s.is_floating_point(), "second_per_grid_ts must be a floating tensor, got ", s.scalar_type());
     if (s.scalar_type() == at::kDouble) {
       // HF multiplies by a float64 scalar tensor in float64, with the Python tokens_per_second.
       in.sec = s.to(input_ids.device()).contiguous();

@@ -221,7 +221,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> window_pair_logits_bw
     const std::optional<at::Tensor>& rel_idx, bool with_qk) {
   c10::cuda::CUDAGuard guard(q.device());
   PairLogitOperands ops(q, k, index_0, index_1, table_q, table_k, rel_idx);
-  TORCH_CHECK_VALUE(grad.dim() == 2 && grad.size(0) == ops.M && grad.size(1) == ops.h, "grad must have shape (",
+  SPTR_CHECK_VALUE(grad.dim() == 2 && grad.size(0) == ops.M && grad.size(1) == ops.h, "grad must have shape (",
                     ops.M, ", ", ops.h, "), got ", grad.sizes());
   auto g = grad.to(ops.q.scalar_type()).contiguous();
   GradBuffers grads(ops.q, {ops.q, ops.k, ops.table_q, ops.table_k});
@@ -267,7 +267,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> window_aggregate_bwd_cuda(
     const std::optional<at::Tensor>& rel_idx) {
   c10::cuda::CUDAGuard guard(v.device());
   AggregateOperands ops(attn, v, index_0_offsets, index_0, index_1, table_v, rel_idx);
-  TORCH_CHECK_VALUE(grad.dim() == 3 && grad.size(0) == ops.N && grad.size(1) == ops.h && grad.size(2) == ops.d,
+  SPTR_CHECK_VALUE(grad.dim() == 3 && grad.size(0) == ops.N && grad.size(1) == ops.h && grad.size(2) == ops.d,
                     "grad must have shape (", ops.N, ", ", ops.h, ", ", ops.d, "), got ", grad.sizes());
   auto g = grad.to(ops.v.scalar_type()).contiguous();
   auto dattn = at::empty_like(ops.attn);

@@ -13,28 +13,28 @@ inline at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
 
 // Checks of one (L,3,h,d) table against (h,d) and the (M,3) rel_idx it is indexed with.
 inline void check_table(const at::Tensor& table, const char* name, const at::Tensor& ref, int64_t h, int64_t d) {
-  TORCH_CHECK_VALUE(table.dim() == 4 && table.size(1) == 3 && table.size(2) == h && table.size(3) == d, name,
+  SPTR_CHECK_VALUE(table.dim() == 4 && table.size(1) == 3 && table.size(2) == h && table.size(3) == d, name,
                     " must have shape (L, 3, ", h, ", ", d, "), got ", table.sizes());
-  TORCH_CHECK_TYPE(table.scalar_type() == ref.scalar_type(), name, " has dtype ", table.scalar_type(),
+  SPTR_CHECK_TYPE(table.scalar_type() == ref.scalar_type(), name, " has dtype ", table.scalar_type(),
                    " but the features have ", ref.scalar_type());
-  TORCH_CHECK_VALUE(table.device() == ref.device(), name, " is on ", table.device(), " but the features on ",
+  SPTR_CHECK_VALUE(table.device() == ref.device(), name, " is on ", table.device(), " but the features on ",
                     ref.device());
 }
 
 inline void check_rel(const at::Tensor& rel, int64_t M, const at::Tensor& ref) {
-  TORCH_CHECK_VALUE(rel.dim() == 2 && rel.size(0) == M && rel.size(1) == 3, "rel_idx must have shape (", M,
+  SPTR_CHECK_VALUE(rel.dim() == 2 && rel.size(0) == M && rel.size(1) == 3, "rel_idx must have shape (", M,
                     ", 3), got ", rel.sizes());
-  TORCH_CHECK_TYPE(at::isIntegralType(rel.scalar_type(), /*includeBool=*/false),
+  SPTR_CHECK_TYPE(at::isIntegralType(rel.scalar_type(), /*includeBool=*/false),
                    "rel_idx must be int8, int16, int32 or int64, got ", rel.scalar_type());
-  TORCH_CHECK_VALUE(rel.device() == ref.device(), "rel_idx is on ", rel.device(), " but the features on ",
+  SPTR_CHECK_VALUE(rel.device() == ref.device(), "rel_idx is on ", rel.device(), " but the features on ",
                     ref.device());
 }
 
 inline void check_pair_index(const at::Tensor& idx, const char* name, const at::Tensor& ref) {
-  TORCH_CHECK_VALUE(idx.dim() == 1, name, " must be 1-D, got shape ", idx.sizes());
-  TORCH_CHECK_TYPE(idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong, name,
+  SPTR_CHECK_VALUE(idx.dim() == 1, name, " must be 1-D, got shape ", idx.sizes());
+  SPTR_CHECK_TYPE(idx.scalar_type() == at::kInt || idx.scalar_type() == at::kLong, name,
                    " must be int32 or int64, got ", idx.scalar_type());
-  TORCH_CHECK_VALUE(idx.device() == ref.device(), name, " is on ", idx.device(), " but the features on ",
+  SPTR_CHECK_VALUE(idx.device() == ref.device(), name, " is on ", idx.device(), " but the features on ",
                     ref.device());
 }
 
@@ -51,11 +51,11 @@ struct PairLogitOperands {
     SPTR_CHECK_FLOATING(q_);
     SPTR_CHECK_SAME_DTYPE(k_, q_);
     SPTR_CHECK_SAME_DEVICE(k_, q_);
-    TORCH_CHECK_VALUE(q_.size(1) == k_.size(1) && q_.size(2) == k_.size(2), "q and k must agree in (h, d), got ",
+    SPTR_CHECK_VALUE(q_.size(1) == k_.size(1) && q_.size(2) == k_.size(2), "q and k must agree in (h, d), got ",
                       q_.sizes(), " and ", k_.sizes());
     check_pair_index(i0, "index_0", q_);
     check_pair_index(i1, "index_1", q_);
-    TORCH_CHECK_VALUE(i0.numel() == i1.numel(), "index_0 and index_1 must have the same length, got ", i0.numel(),
+    SPTR_CHECK_VALUE(i0.numel() == i1.numel(), "index_0 and index_1 must have the same length, got ", i0.numel(),
                       " and ", i1.numel());
     M = i0.numel();
     h = q_.size(1);
@@ -69,10 +69,10 @@ struct PairLogitOperands {
     if (table_q.defined()) check_table(table_q, "table_q", q, h, d);
     if (table_k.defined()) check_table(table_k, "table_k", q, h, d);
     if (table_q.defined() && table_k.defined())
-      TORCH_CHECK_VALUE(table_q.size(0) == table_k.size(0), "table_q and table_k must have the same length L, got ",
+      SPTR_CHECK_VALUE(table_q.size(0) == table_k.size(0), "table_q and table_k must have the same length L, got ",
                         table_q.size(0), " and ", table_k.size(0));
     if (table_q.defined() || table_k.defined()) {
-      TORCH_CHECK_VALUE(rel_.has_value() && rel_->defined(), "rel_idx is required when a table is given");
+      SPTR_CHECK_VALUE(rel_.has_value() && rel_->defined(), "rel_idx is required when a table is given");
       check_rel(*rel_, M, q);
       rel = rel_->contiguous();
     }
@@ -118,9 +118,9 @@ struct AggregateOperands {
     M = i1.numel();
     h = v_.size(1);
     d = v_.size(2);
-    TORCH_CHECK_VALUE(attn_.size(0) == M && attn_.size(1) == h, "attn must have shape (", M, ", ", h, "), got ",
+    SPTR_CHECK_VALUE(attn_.size(0) == M && attn_.size(1) == h, "attn must have shape (", M, ", ", h, "), got ",
                       attn_.sizes());
-    TORCH_CHECK_VALUE(offsets_.numel() >= 1, "index_0_offsets must have N + 1 >= 1 entries");
+    SPTR_CHECK_VALUE(offsets_.numel() >= 1, "index_0_offsets must have N + 1 >= 1 entries");
     N = offsets_.numel() - 1;
     attn = attn_.contiguous();
     v = v_.contiguous();
@@ -128,13 +128,13 @@ struct AggregateOperands {
     index_1 = i1.contiguous();
     if (i0.has_value() && i0->defined()) {
       check_pair_index(*i0, "index_0", v_);
-      TORCH_CHECK_VALUE(i0->numel() == M, "index_0 must have length ", M, ", got ", i0->numel());
+      SPTR_CHECK_VALUE(i0->numel() == M, "index_0 must have length ", M, ", got ", i0->numel());
       index_0 = i0->contiguous();
     }
     table_v = contiguous_or_undefined(tv);
     if (table_v.defined()) {
       check_table(table_v, "table", v, h, d);
-      TORCH_CHECK_VALUE(rel_.has_value() && rel_->defined(), "rel_idx is required when a table is given");
+      SPTR_CHECK_VALUE(rel_.has_value() && rel_->defined(), "rel_idx is required when a table is given");
       check_rel(*rel_, M, v);
       rel = rel_->contiguous();
     }
@@ -201,7 +201,7 @@ struct WindowLayout {
 
 inline WindowLayout window_layout(const at::Tensor& counts_, int64_t N) {
   SPTR_CHECK_DIM(counts_, 1);
-  TORCH_CHECK_TYPE(at::isIntegralType(counts_.scalar_type(), false), "counts must be an integer tensor, got ",
+  SPTR_CHECK_TYPE(at::isIntegralType(counts_.scalar_type(), false), "counts must be an integer tensor, got ",
                    counts_.scalar_type());
   WindowLayout w;
   w.counts = counts_.to(at::kLong).contiguous();
@@ -211,9 +211,9 @@ inline WindowLayout window_layout(const at::Tensor& counts_, int64_t N) {
   w.first_pair = (at::cumsum(square, 0) - square).contiguous();
   // One host synchronisation: the number of pairs sizes the outputs.
   const int64_t total_points = n ? w.counts.sum().item<int64_t>() : 0;
-  TORCH_CHECK_VALUE(total_points == N, "counts must sum to N = ", N, ", got ", total_points);
+  SPTR_CHECK_VALUE(total_points == N, "counts must sum to N = ", N, ", got ", total_points);
   w.num_pairs = n ? square.sum().item<int64_t>() : 0;
-  TORCH_CHECK_VALUE(w.num_pairs < (int64_t(1) << 31), "precompute_all: M = ", w.num_pairs,
+  SPTR_CHECK_VALUE(w.num_pairs < (int64_t(1) << 31), "precompute_all: M = ", w.num_pairs,
                     " pairs does not fit int32 indices");
   w.point_window = at::repeat_interleave(at::arange(n, w.counts.options()), w.counts, 0, N).contiguous();
   return w;
