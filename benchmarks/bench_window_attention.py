@@ -76,7 +76,7 @@ def main():
                             t_f = t_b = mem = float("nan")
                         res[impl] = (t_f, t_b, mem)
                     s, r = res["sptr"], res["reference"]
-                    rows.append([f"{int(win)}", f"{N}", f"{M / 1e6:.1f}M", n_max, f"{h}x{d}", str(dtype)[6:],
+                    rows.append([f"{int(win)}", f"{N}", f"{M / 1e6:.1f}M", f"{n_max}", f"{h}x{d}", str(dtype)[6:],
                                  "rel pos" if rel_pos else "plain", f"{s[0]:.2f}", f"{r[0]:.2f}", f"{r[0] / s[0]:.1f}x",
                                  f"{s[1]:.2f}", f"{r[1]:.2f}", f"{r[1] / s[1]:.1f}x", f"{s[2]:.0f}", f"{r[2]:.0f}",
                                  f"{100 * io_bytes / (s[0] * 1e-3) / HBM_BYTES_PER_S:.2f}%"])

@@ -2,3 +2,6 @@
 from .position_embedding import PositionEmbeddingCoordsSine  # noqa: F401
 from .sparse_tensor import SparseTrTensor  # noqa: F401
 from .var_length_attention import VarLengthMultiheadSA, VarLengthMultiheadSAConfig  # noqa: F401
+from .multimodal_rope import MultimodalRotaryEmbedding, MultimodalRotaryEmbeddingConfig  # noqa: F401
+from .sphereformer import SphereFormer, SphereFormerConfig  # noqa: F401
+from .vision_indices import VisionIndexBatch, VisionIndices, VisionIndicesConfig  # noqa: F401

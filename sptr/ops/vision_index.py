@@ -81,3 +81,34 @@ def get_window_index(grid_thw: Tensor, spatial_merge_size: int, vit_merger_windo
         raise ValueError(f"vit_merger_window_size must be positive, got {vit_merger_window_size}")
     return _ops.vision_window_index(grid_thw, int(spatial_merge_size), int(vit_merger_window_size),
                                     int(spatial_merge_unit))
+
+
+def get_rope_index_hf5(input_ids: Tensor, mm_token_type_ids: Tensor, image_grid_thw: Tensor | None = None,
+                       video_grid_thw: Tensor | None = None, second_per_grid_ts=None,
+                       attention_mask: Tensor | None = None, *, spatial_merge_size: int = 2,
+                       tokens_per_second: float = 2):
+    """transformers 5.x call form of :func:`get_rope_index` (``Qwen2_5_VLModel.get_rope_index``): blocks come
+    from ``mm_token_type_ids`` (0 text, 1 image, 2 video) instead of vision-start tokens, masked slots are 0,
+    and the delta is taken against each row's unpadded length (5.x's decode formula).
+
+    A thin adapter over the 4.49 kernel: on well-formed sequences (each vision block preceded by a text token)
+    with images, or videos of one temporal patch, it equals transformers 5.17. Videos with T > 1 keep 4.49's
+    time rule (fractional seconds, temporal extent reserved), which 5.17 changed.
+    """
+    check_tensor("mm_token_type_ids", mm_token_type_ids, dim=2)
+    if mm_token_type_ids.shape != input_ids.shape:
+        raise ValueError(f"mm_token_type_ids must have the shape of input_ids {tuple(input_ids.shape)}, got "
+                         f"{tuple(mm_token_type_ids.shape)}")
+    image, video, start = -1, -2, -3  # ids no tokenizer produces
+    types = mm_token_type_ids.long()
+    ids = torch.where(types == 1, image, torch.where(types == 2, video, 0))
+    run_start = (types != 0) & (types != torch.nn.functional.pad(types, (1, 0), value=0)[:, :-1])
+    ids = torch.where(torch.nn.functional.pad(run_start, (0, 1), value=False)[:, 1:], start, ids)
+    mask = None if attention_mask is None else (attention_mask != 0).long()
+    pos, _ = get_rope_index(ids, image_grid_thw, video_grid_thw, second_per_grid_ts, mask, spatial_merge_size,
+                            image, video, start, tokens_per_second)
+    valid = torch.ones_like(types, dtype=torch.bool) if mask is None else mask.bool()
+    pos = pos.masked_fill(~valid[None], 0)
+    lengths = valid.sum(-1, keepdim=True)
+    delta = pos.amax(dim=(0, 2)).reshape(-1, 1) + 1 - lengths
+    return pos, delta

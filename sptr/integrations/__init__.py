@@ -1,0 +1,1 @@
+"""Patching third-party models to use sptr's kernels."""
