@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv/ and installs sptr (editable, extension built in place) with its test dependencies.
+# CUDA kernels are compiled when a CUDA toolkit and a CUDA build of torch are present (or FORCE_CUDA=1),
+# for TORCH_CUDA_ARCH_LIST (default 8.0;8.6;8.9;9.0); otherwise a CPU-only extension is built.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PIP=".venv/bin/python -m pip"
+$PIP install -q "torch==2.14.1" numpy einops safetensors pyyaml ninja setuptools wheel
+$PIP install -q pytest expecttest "transformers==4.49.0"
+MAX_JOBS=${MAX_JOBS:-$(nproc)} $PIP install -q --no-build-isolation -e .
+.venv/bin/python -c "import sptr._C as c; print('sptr built;', 'CUDA kernels' if c.has_cuda_kernels() else 'CPU kernels only')"

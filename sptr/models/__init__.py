@@ -1,0 +1,1 @@
+"""Assembled networks built from sptr layers."""
