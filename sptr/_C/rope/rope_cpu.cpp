@@ -9,12 +9,9 @@ namespace {
 struct CpuRope {
   template <typename Args>
   static void launch(const Args& p) {
-    const int64_t half = p.D / 2, rows = p.B * p.H * p.S;
-    at::parallel_for(0, rows * half, 4096, [&](int64_t begin, int64_t end) {
-      for (int64_t e = begin; e < end; ++e) {
-        const int64_t j = e % half, r = e / half;
-        rope_pair(p, r / (p.H * p.S), (r / p.S) % p.H, r % p.S, j);
-      }
+    const int64_t items = p.B * p.S * (p.heads[0] + p.heads[1]) * (p.D / 2);
+    at::parallel_for(0, items, 4096, [&](int64_t begin, int64_t end) {
+      for (int64_t e = begin; e < end; ++e) rope_item<1>(p, e);
     });
   }
 };

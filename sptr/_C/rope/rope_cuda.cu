@@ -8,22 +8,26 @@
 namespace sptr {
 namespace {
 
-template <typename T, typename C>
+// One thread per (b, s, head, group of V pairs); neighbouring threads take neighbouring 16-byte chunks.
+template <int V, typename T, typename C>
 __global__ void mrope_kernel(RopeArgs<T, C> p) {
-  const int64_t half = p.D / 2, total = p.B * p.H * p.S * half;
-  SPTR_GRID_STRIDE(e, total) {
-    const int64_t j = e % half, r = e / half;
-    rope_pair(p, r / (p.H * p.S), (r / p.S) % p.H, r % p.S, j);
-  }
+  SPTR_GRID_STRIDE(e, p.B * p.S * (p.heads[0] + p.heads[1]) * (p.D / 2 / V)) { rope_item<V>(p, e); }
 }
 
 struct CudaRope {
-  template <typename T, typename C>
-  static void launch(const RopeArgs<T, C>& p) {
-    const int64_t total = p.B * p.H * p.S * (p.D / 2);
-    if (total == 0) return;
-    mrope_kernel<T, C><<<grid_for(total, 256), 256, 0, at::cuda::getCurrentCUDAStream()>>>(p);
+  template <int V, typename T, typename C>
+  static void run(const RopeArgs<T, C>& p) {
+    const int64_t total = p.B * p.S * (p.heads[0] + p.heads[1]) * (p.D / 2 / V);
+    mrope_kernel<V, T, C><<<grid_for(total, 256), 256, 0, at::cuda::getCurrentCUDAStream()>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
+  template <typename T, typename C>
+  static void launch(RopeArgs<T, C> p) {
+    if (p.B * p.S * p.D * (p.heads[0] + p.heads[1]) == 0) return;
+    constexpr int kWide = 16 / sizeof(T) > 1 ? 16 / sizeof(T) : 1;
+    if (kWide > 1 && rope_vector_width(p) == kWide) run<kWide>(p);
+    else run<1>(p);
   }
 };
 

@@ -61,28 +61,53 @@ inline void check_rope_pair(const at::Tensor& q, const at::Tensor& k) {
 }
 
 template <typename T, typename C>
-RopeArgs<T, C> rope_args(const at::Tensor& x, const at::Tensor& out, const RopeTables& t, at::IntArrayRef section,
-                         bool hf_layout, bool backward) {
+RopeArgs<T, C> rope_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_out, const at::Tensor& k_out,
+                         const RopeTables& t, at::IntArrayRef section, bool hf_layout, bool backward) {
   RopeArgs<T, C> a;
-  a.x = x.const_data_ptr<T>();
-  a.out = out.mutable_data_ptr<T>();
+  const at::Tensor* xs[2] = {&q, &k};
+  const at::Tensor* os[2] = {&q_out, &k_out};
+  for (int n = 0; n < 2; ++n) {
+    a.x[n] = xs[n]->const_data_ptr<T>();
+    a.out[n] = os[n]->mutable_data_ptr<T>();
+    a.heads[n] = xs[n]->size(1);
+    for (int i = 0; i < 4; ++i) {
+      a.x_stride[n][i] = xs[n]->stride(i);
+      a.out_stride[n][i] = os[n]->stride(i);
+    }
+  }
   a.cos = t.cos.const_data_ptr<C>();
   a.sin = t.sin.const_data_ptr<C>();
-  for (int i = 0; i < 4; ++i) {
-    a.x_stride[i] = x.stride(i);
-    a.out_stride[i] = out.stride(i);
-    a.cs_stride[i] = t.cos.stride(i);
-  }
-  a.B = x.size(0);
-  a.H = x.size(1);
-  a.S = x.size(2);
-  a.D = x.size(3);
+  for (int i = 0; i < 4; ++i) a.cs_stride[i] = t.cos.stride(i);
+  a.B = q.size(0);
+  a.S = q.size(2);
+  a.D = q.size(3);
   a.composed = t.composed;
   a.c1 = t.composed ? 0 : section[0];
   a.c2 = t.composed ? 0 : section[0] + section[1];
   a.hf_layout = hf_layout;
   a.backward = backward;
   return a;
+}
+
+inline bool aligned_rows(const void* ptr, const int64_t* strides, int ndims, int64_t V, int64_t bytes) {
+  if (reinterpret_cast<uintptr_t>(ptr) % bytes || strides[ndims - 1] != 1) return false;
+  for (int i = 0; i < ndims - 1; ++i)
+    if (strides[i] % V) return false;
+  return true;
+}
+
+// Pairs per work item: 16 bytes of x when every row of every operand is unit-stride and 16-byte aligned,
+// else 1. Sets whether cos/sin rows also allow the wide loads.
+template <typename T, typename C>
+int rope_vector_width(RopeArgs<T, C>& a) {
+  const int64_t V = 16 / static_cast<int64_t>(sizeof(T));
+  if (V <= 1 || (a.D / 2) % V) return 1;
+  for (int n = 0; n < 2; ++n)
+    if (!aligned_rows(a.x[n], a.x_stride[n], 4, V, 16) || !aligned_rows(a.out[n], a.out_stride[n], 4, V, 16))
+      return 1;
+  a.table_vector = aligned_rows(a.cos, a.cs_stride, 4, V, V * sizeof(C)) &&
+                   aligned_rows(a.sin, a.cs_stride, 4, V, V * sizeof(C));
+  return static_cast<int>(V);
 }
 
 // cos and sin must share strides for the kernel's single stride set.
@@ -94,7 +119,7 @@ inline RopeTables uniform_strides(RopeTables t) {
   return t;
 }
 
-// The four mRoPE ops, written once; `Device::launch(args)` runs rope_pair over every pair of one operand.
+// The four mRoPE ops, written once; `Device::launch(args)` runs rope_item over every (b, s, head, pair group).
 // Strides are passed to the kernels, so transposed [B, S, H, D] views are used without copies.
 template <class Device>
 void rope_rotate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
@@ -103,13 +128,10 @@ void rope_rotate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos
   check_rope_pair(q, k);
   const RopeTables t = uniform_strides(rope_tables(q, cos, sin, section));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "mrope", [&] {
-    if (t.cos.scalar_type() == q.scalar_type()) {
-      Device::launch(rope_args<scalar_t, scalar_t>(q, q_out, t, section, hf_layout, backward));
-      Device::launch(rope_args<scalar_t, scalar_t>(k, k_out, t, section, hf_layout, backward));
-    } else {
-      Device::launch(rope_args<scalar_t, float>(q, q_out, t, section, hf_layout, backward));
-      Device::launch(rope_args<scalar_t, float>(k, k_out, t, section, hf_layout, backward));
-    }
+    if (t.cos.scalar_type() == q.scalar_type())
+      Device::launch(rope_args<scalar_t, scalar_t>(q, k, q_out, k_out, t, section, hf_layout, backward));
+    else
+      Device::launch(rope_args<scalar_t, float>(q, k, q_out, k_out, t, section, hf_layout, backward));
   });
 }
 

@@ -11,18 +11,22 @@
 
 namespace sptr {
 
+// Both operands (0: q, 1: k) of one call. Work item = (b, s, group of V rotation pairs): it loads cos/sin of
+// its pairs once and rotates them for every q and k head.
 template <typename T, typename C>
 struct RopeArgs {
-  const T* x = nullptr;
-  T* out = nullptr;
-  int64_t x_stride[4] = {0, 0, 0, 0};    // [B, H, S, D]
-  int64_t out_stride[4] = {0, 0, 0, 0};
+  const T* x[2] = {nullptr, nullptr};
+  T* out[2] = {nullptr, nullptr};
+  int64_t x_stride[2][4] = {};    // [B, H, S, D]
+  int64_t out_stride[2][4] = {};
+  int64_t heads[2] = {0, 0};
   const C* cos = nullptr;
   const C* sin = nullptr;
   int64_t cs_stride[4] = {0, 0, 0, 0};   // [stream, B, S, D]; stream stride 0 for composed tables
-  int64_t B = 0, H = 0, S = 0, D = 0;
+  int64_t B = 0, S = 0, D = 0;
   int64_t c1 = 0, c2 = 0;                // section ends (half-dim units): streams [0,c1), [c1,c2), [c2,D/2)
   bool hf_layout = true, composed = false, backward = false;
+  bool table_vector = false;             // cos/sin rows allow V-wide aligned loads
 };
 
 SPTR_HD float mul_rn(float a, float b) {
@@ -66,28 +70,78 @@ SPTR_HD A round_to(A v) {
   return static_cast<A>(static_cast<T>(v));
 }
 
-// Rotates pair j of row (b, h, s).
-template <typename T, typename C, typename A = at::opmath_type<T>>
-SPTR_HD void rope_pair(const RopeArgs<T, C>& p, int64_t b, int64_t h, int64_t s, int64_t j) {
-  const int64_t half = p.D / 2, d0 = j, d1 = j + half;
-  const int64_t xb = b * p.x_stride[0] + h * p.x_stride[1] + s * p.x_stride[2];
-  const int64_t ob = b * p.out_stride[0] + h * p.out_stride[1] + s * p.out_stride[2];
-  const int64_t cb = b * p.cs_stride[1] + s * p.cs_stride[2];
-  const int64_t t0 = rope_stream(p, d0) * p.cs_stride[0] + cb, t1 = rope_stream(p, d1) * p.cs_stride[0] + cb;
-  // cos/sin take part in x's dtype, as in transformers (which casts the tables to the activation dtype).
-  const A c0 = round_to<T>(A(p.cos[t0 + d0 * p.cs_stride[3]])), s0 = round_to<T>(A(p.sin[t0 + d0 * p.cs_stride[3]]));
-  const A c1 = round_to<T>(A(p.cos[t1 + d1 * p.cs_stride[3]])), s1 = round_to<T>(A(p.sin[t1 + d1 * p.cs_stride[3]]));
-  const A a = A(p.x[xb + d0 * p.x_stride[3]]), z = A(p.x[xb + d1 * p.x_stride[3]]);
-  A o0, o1;
-  if (!p.backward) {  // out = x*cos + rotate_half(x)*sin, rotate_half(x) = (-x2, x1)
-    o0 = add_rn(round_to<T>(mul_rn(a, c0)), round_to<T>(mul_rn(-z, s0)));
-    o1 = add_rn(round_to<T>(mul_rn(z, c1)), round_to<T>(mul_rn(a, s1)));
-  } else {            // gx = g*cos + rotate_half^T(g*sin), rotate_half^T(y) = (y2, -y1)
-    o0 = add_rn(round_to<T>(mul_rn(a, c0)), round_to<T>(mul_rn(z, s1)));
-    o1 = add_rn(round_to<T>(mul_rn(z, c1)), -round_to<T>(mul_rn(a, s0)));
+// V consecutive elements, aligned to their size (the launcher checks pointers and strides before using V > 1).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+// cos or sin of dims [d, d + V) at row offset `cb`, rounded to T: one vector load when the V dims share a
+// stream and the table allows it, else per-element loads.
+template <int V, typename T, typename C, typename A>
+SPTR_HD void load_table(const RopeArgs<T, C>& p, const C* table, int64_t cb, int64_t d, A (&out)[V]) {
+  const int64_t first = rope_stream(p, d);
+  if (V > 1 && p.table_vector && first == rope_stream(p, d + V - 1)) {
+    const Pack<C, V> pk = *reinterpret_cast<const Pack<C, V>*>(table + first * p.cs_stride[0] + cb + d);
+    for (int v = 0; v < V; ++v) out[v] = round_to<T>(A(pk.v[v]));
+    return;
   }
-  p.out[ob + d0 * p.out_stride[3]] = static_cast<T>(o0);
-  p.out[ob + d1 * p.out_stride[3]] = static_cast<T>(o1);
+  for (int v = 0; v < V; ++v)
+    out[v] = round_to<T>(A(table[rope_stream(p, d + v) * p.cs_stride[0] + cb + (d + v) * p.cs_stride[3]]));
+}
+
+// Rotates pairs [j0, j0 + V) of head h of operand t (0: q, 1: k) at position (b, s).
+// cos/sin take part in x's dtype, as in transformers (which casts the tables to the activation dtype).
+template <int V, typename T, typename C, typename A = at::opmath_type<T>>
+SPTR_HD void rope_group(const RopeArgs<T, C>& p, int64_t b, int64_t s, int t, int64_t h, int64_t j0) {
+  const int64_t half = p.D / 2;
+  const int64_t cb = b * p.cs_stride[1] + s * p.cs_stride[2];
+  A c0[V], s0[V], c1[V], s1[V];
+  load_table<V>(p, p.cos, cb, j0, c0);
+  load_table<V>(p, p.sin, cb, j0, s0);
+  load_table<V>(p, p.cos, cb, j0 + half, c1);
+  load_table<V>(p, p.sin, cb, j0 + half, s1);
+  const int64_t* xs = p.x_stride[t];
+  const int64_t* os = p.out_stride[t];
+  const T* x = p.x[t] + b * xs[0] + h * xs[1] + s * xs[2];
+  T* out = p.out[t] + b * os[0] + h * os[1] + s * os[2];
+  Pack<T, V> lo, hi;
+  if (V > 1) {
+    lo = *reinterpret_cast<const Pack<T, V>*>(x + j0);
+    hi = *reinterpret_cast<const Pack<T, V>*>(x + j0 + half);
+  } else {
+    lo.v[0] = x[j0 * xs[3]];
+    hi.v[0] = x[(j0 + half) * xs[3]];
+  }
+  for (int v = 0; v < V; ++v) {
+    const A a = A(lo.v[v]), z = A(hi.v[v]);
+    A o0, o1;
+    if (!p.backward) {  // out = x*cos + rotate_half(x)*sin, rotate_half(x) = (-x2, x1)
+      o0 = add_rn(round_to<T>(mul_rn(a, c0[v])), round_to<T>(mul_rn(-z, s0[v])));
+      o1 = add_rn(round_to<T>(mul_rn(z, c1[v])), round_to<T>(mul_rn(a, s1[v])));
+    } else {            // gx = g*cos + rotate_half^T(g*sin), rotate_half^T(y) = (y2, -y1)
+      o0 = add_rn(round_to<T>(mul_rn(a, c0[v])), round_to<T>(mul_rn(z, s1[v])));
+      o1 = add_rn(round_to<T>(mul_rn(z, c1[v])), -round_to<T>(mul_rn(a, s0[v])));
+    }
+    lo.v[v] = static_cast<T>(o0);
+    hi.v[v] = static_cast<T>(o1);
+  }
+  if (V > 1) {
+    *reinterpret_cast<Pack<T, V>*>(out + j0) = lo;
+    *reinterpret_cast<Pack<T, V>*>(out + j0 + half) = hi;
+  } else {
+    out[j0 * os[3]] = lo.v[0];
+    out[(j0 + half) * os[3]] = hi.v[0];
+  }
+}
+
+// Work item e of the flat (b, s, head over q then k, pair group) space, pair groups fastest (coalesced).
+template <int V, typename T, typename C>
+SPTR_HD void rope_item(const RopeArgs<T, C>& p, int64_t e) {
+  const int64_t groups = p.D / 2 / V, heads = p.heads[0] + p.heads[1];
+  const int64_t g = e % groups, r = e / groups, hh = r % heads, bs = r / heads;
+  const int t = hh < p.heads[0] ? 0 : 1;
+  rope_group<V>(p, bs / p.S, bs % p.S, t, t ? hh - p.heads[0] : hh, g * V);
 }
 
 }  // namespace sptr
