@@ -13,9 +13,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import HBM_BYTES_PER_S, peak_mb, table, time_ms  # noqa: E402
-from lidar_scene import lidar_voxels  # noqa: E402
 
 import sptr  # noqa: E402
+from sptr.data import lidar_voxels  # noqa: E402
 from sptr.reference.window_attention import (  # noqa: E402
     aggregate_reference,
     pair_logits_reference,

@@ -5,14 +5,22 @@ set -u -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
+ORACLE=""
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site
+    && ORACLE=/tmp/site
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 ( time python3 setup.py build_ext --inplace ) > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 tail -3 "$OUT/build.log"
-python3 -m pytest tests -q -p no:cacheprovider -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -25
+# transformers 4.49 (the oracle) shadows the machine's transformers for the main run ...
+PYTHONPATH=$ORACLE:. python3 -m pytest tests -q -p no:cacheprovider -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -25
+# ... and the 5.x-form adapter is checked against the machine's own transformers 5.x.
+PYTHONPATH=. python3 -m pytest tests/ops/test_rope_index_hf5.py -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest_hf5.log" | tail -3
+# Out-of-bounds accesses and races in the CUDA kernels, on the CUDA test cases of the smaller tests.
+PYTHONPATH=$ORACLE:. timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool memcheck --error-exitcode 1 \
+  python3 -m pytest tests/ops -q -p no:cacheprovider -x -k "cuda and not big_windows and not random_batches" \
+  2>&1 | tee "$OUT/memcheck.log" | tail -4
 for b in ${BENCHMARKS:-bench_window_attention bench_rope}; do
-  timeout ${BENCH_TIMEOUT:-240} python3 "benchmarks/$b.py" 2>&1 | tee "$OUT/$b.log" | tail -45
+  PYTHONPATH=$ORACLE:. timeout ${BENCH_TIMEOUT:-240} python3 "benchmarks/$b.py" 2>&1 | tee "$OUT/$b.log" | tail -45
 done

@@ -5,19 +5,17 @@ GradScaler on CUDA, bf16 on CPU), saves a DDP-style checkpoint (``module.`` keys
 back into an unwrapped model, checking that the outputs are identical.
 """
 import os
-import sys
 import tempfile
 import time
 
 import torch
 
+from safetensors.torch import save_file
+
+from sptr.data import lidar_voxels
+from sptr.models.sphereformer import SphereFormerNet, SphereFormerNetConfig, load_checkpoint
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-from lidar_scene import lidar_voxels  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-
-from sptr.models.sphereformer import SphereFormerNet, SphereFormerNetConfig, load_checkpoint  # noqa: E402
 
 
 def main(voxels=20_000, steps=3):

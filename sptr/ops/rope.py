@@ -43,6 +43,7 @@ def _mrope_inplace_fake(q, k, cos, sin, mrope_section, hf_layout):
 def _setup(ctx, inputs, output):
     q, k, cos, sin, section, hf_layout = inputs
     ctx.section, ctx.hf_layout = section, hf_layout
+    ctx.shapes = (q.shape, k.shape)
     ctx.save_for_backward(cos, sin, q if cos.requires_grad or sin.requires_grad else None,
                           k if cos.requires_grad or sin.requires_grad else None)
 
@@ -75,7 +76,10 @@ def _table_grads(grad_q, grad_k, q, k, cos, sin, section, hf_layout):
 
 def _backward(ctx, grad_q, grad_k):
     cos, sin, q, k = ctx.saved_tensors
-    gq, gk = _ops.mrope_bwd(grad_q.contiguous(), grad_k.contiguous(), cos, sin, ctx.section, ctx.hf_layout)
+    # An output that took no part in the loss has no gradient: treat it as zeros.
+    grad_q = grad_q if grad_q is not None else grad_k.new_zeros(ctx.shapes[0])
+    grad_k = grad_k if grad_k is not None else grad_q.new_zeros(ctx.shapes[1])
+    gq, gk = _ops.mrope_bwd(grad_q, grad_k, cos, sin, ctx.section, ctx.hf_layout)
     dcos = dsin = None
     if q is not None:
         dcos, dsin = _table_grads(grad_q, grad_k, q, k, cos, sin, ctx.section, ctx.hf_layout)

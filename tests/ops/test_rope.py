@@ -128,3 +128,11 @@ def test_opcheck_and_errors():
         rope.apply_rotary(q, k, cos, sin, [2, 3, 3], section_layout="other")
     with pytest.raises(RuntimeError, match="single memory location"):
         torch.ops.sptr.mrope_fwd_out(q.detach(), k, cos, sin, [2, 3, 3], True, q.detach(), torch.empty_like(k))
+
+
+def test_backward_when_only_q_is_used():
+    cos, sin = tables(1, 4, 16, torch.float32, "cpu")
+    q, k = (t.requires_grad_() for t in qk(1, 2, 1, 4, 16, torch.float32, "cpu", transposed=False))
+    q_out, _ = rope.apply_rotary(q, k, cos, sin, [2, 3, 3])
+    q_out.sum().backward()
+    assert q.grad is not None and torch.equal(k.grad, torch.zeros_like(k))

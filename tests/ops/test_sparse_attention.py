@@ -125,6 +125,39 @@ def test_sparse_self_attention_matches_reference(device, shift, pe):
         assert_close(name, a.grad, b.grad, 5e-5)
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_lidar_scene_partition(device):
+    """A realistic partition: a synthetic 64-beam scan, windows of 6 voxels, two scans in one batch."""
+    from sptr.data import lidar_voxels
+
+    xyz, batch = lidar_voxels(3000, batch=2)
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(xyz.shape[0], 2, 16, generator=gen) for _ in range(3))
+    tables = [torch.randn(47, 3, 2, 16, generator=gen) * 0.1 for _ in range(3)]
+    i0, o0, n_max, i1, o1, sort_idx = sptr.get_indices_params(xyz.to(device), batch.to(device), 0.3, False)
+    out = sptr.sparse_self_attention(
+        q.to(device), k.to(device), v.to(device), xyz.to(device), i0, o0, n_max, i1, o1, sort_idx, 0.3, False,
+        pe_type="contextual", rel_query=True, rel_key=True, rel_value=True, quant_size=0.0125, quant_grid_length=24,
+        relative_pos_query_table=tables[0].to(device), relative_pos_key_table=tables[1].to(device),
+        relative_pos_value_table=tables[2].to(device))
+    ref = sparse_self_attention_reference(q.double(), k.double(), v.double(), xyz, batch, 0.3, False, 0.0125, 24,
+                                          [t.double() for t in tables])
+    assert_close("out", out, ref, 2e-5)
+
+
+def test_autocast_keeps_fp32_and_promotes_mixed_inputs():
+    """Under autocast the ops never downcast fp32 inputs (SphereFormer casts to fp32 on purpose); mixed
+    inputs are promoted to the widest, and outside autocast mixed dtypes are an error."""
+    n, counts = 6, torch.tensor([4, 2])
+    o0, o1, i0, i1 = sptr.precompute_all(n, 2, 4, counts)
+    q = torch.randn(n, 2, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert sptr.attention_step1(q, q, i0, o0, i1, o1, 4).dtype == torch.float32
+        assert sptr.attention_step1(q, q.bfloat16(), i0, o0, i1, o1, 4).dtype == torch.float32
+    with pytest.raises(TypeError, match="k has dtype"):
+        sptr.attention_step1(q, q.bfloat16(), i0, o0, i1, o1, 4)
+
+
 def test_low_precision_dtype_argument_keeps_output_dtype():
     xyz, batch = scene(300)
     q = torch.randn(300, 2, 16)

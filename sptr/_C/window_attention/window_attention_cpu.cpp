@@ -128,45 +128,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> window_aggregate_bwd_cpu(
 }
 
 at::Tensor window_softmax_fwd_cpu(const at::Tensor& src, const at::Tensor& indptr) {
-  SPTR_CHECK_DIM(src, 2);
-  SPTR_CHECK_FLOATING(src);
-  check_pair_index(indptr, "indptr", src);
-  auto x = src.contiguous();
-  auto ip = indptr.contiguous();
-  auto out = at::zeros_like(x);
-  const int64_t segments = ip.numel() - 1, M = x.size(0), h = x.size(1);
-  SPTR_DISPATCH_FLOATING(x.scalar_type(), "window_softmax_fwd_cpu", [&] {
+  SoftmaxOperands ops(src, indptr, std::nullopt);
+  auto out = at::zeros_like(ops.x);
+  SPTR_DISPATCH_FLOATING(ops.x.scalar_type(), "window_softmax_fwd_cpu", [&] {
     using A = at::opmath_type<scalar_t>;
-    IntView off = int_view(ip);
-    const scalar_t* xp = x.const_data_ptr<scalar_t>();
-    scalar_t* op = out.mutable_data_ptr<scalar_t>();
-    at::parallel_for(0, segments * h, 256, [&](int64_t begin, int64_t end) {
-      for (int64_t e = begin; e < end; ++e) {
-        const int64_t b = std::clamp<int64_t>(off[e / h], 0, M), en = std::clamp<int64_t>(off[e / h + 1], b, M);
-        segment_softmax<A>(xp, op, b, en, h, e % h);
-      }
+    const scalar_t* x = ops.x.const_data_ptr<scalar_t>();
+    scalar_t* y = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, ops.segments * ops.h, 256, [&](int64_t begin, int64_t end) {
+      for (int64_t e = begin; e < end; ++e) softmax_item<A>(x, y, int_view(ops.indptr), ops.M, ops.h, e);
     });
   });
   return out;
 }
 
 at::Tensor window_softmax_bwd_cpu(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& indptr) {
-  SPTR_CHECK_DIM(out, 2);
-  check_pair_index(indptr, "indptr", out);
-  auto y = out.contiguous();
-  auto g = grad.to(y.scalar_type()).contiguous();
-  auto ip = indptr.contiguous();
-  auto dsrc = at::zeros_like(y);
-  const int64_t segments = ip.numel() - 1, M = y.size(0), h = y.size(1);
-  SPTR_DISPATCH_FLOATING(y.scalar_type(), "window_softmax_bwd_cpu", [&] {
+  SoftmaxOperands ops(out, indptr, grad);
+  auto dsrc = at::zeros_like(ops.x);
+  SPTR_DISPATCH_FLOATING(ops.x.scalar_type(), "window_softmax_bwd_cpu", [&] {
     using A = at::opmath_type<scalar_t>;
-    IntView off = int_view(ip);
-    at::parallel_for(0, segments * h, 256, [&](int64_t begin, int64_t end) {
-      for (int64_t e = begin; e < end; ++e) {
-        const int64_t b = std::clamp<int64_t>(off[e / h], 0, M), en = std::clamp<int64_t>(off[e / h + 1], b, M);
-        segment_softmax_backward<A>(g.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(),
-                                    dsrc.mutable_data_ptr<scalar_t>(), b, en, h, e % h);
-      }
+    const scalar_t *g = ops.grad.const_data_ptr<scalar_t>(), *y = ops.x.const_data_ptr<scalar_t>();
+    scalar_t* d = dsrc.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, ops.segments * ops.h, 256, [&](int64_t begin, int64_t end) {
+      for (int64_t e = begin; e < end; ++e) softmax_backward_item<A>(g, y, d, int_view(ops.indptr), ops.M, ops.h, e);
     });
   });
   return dsrc;

@@ -148,25 +148,13 @@ __global__ void aggregate_backward_shared_kernel(AggregateArgs<T> args, const T*
 template <typename T>
 __global__ void softmax_kernel(const T* __restrict__ src, T* __restrict__ out, IntView indptr, int64_t segments,
                                int64_t M, int64_t h) {
-  using A = at::opmath_type<T>;
-  SPTR_GRID_STRIDE(e, segments * h) {
-    int64_t b = indptr[e / h], en = indptr[e / h + 1];
-    b = b < 0 ? 0 : (b > M ? M : b);
-    en = en < b ? b : (en > M ? M : en);
-    segment_softmax<A>(src, out, b, en, h, e % h);
-  }
+  SPTR_GRID_STRIDE(e, segments * h) { softmax_item<at::opmath_type<T>>(src, out, indptr, M, h, e); }
 }
 
 template <typename T>
 __global__ void softmax_backward_kernel(const T* __restrict__ grad, const T* __restrict__ y, T* __restrict__ dsrc,
                                         IntView indptr, int64_t segments, int64_t M, int64_t h) {
-  using A = at::opmath_type<T>;
-  SPTR_GRID_STRIDE(e, segments * h) {
-    int64_t b = indptr[e / h], en = indptr[e / h + 1];
-    b = b < 0 ? 0 : (b > M ? M : b);
-    en = en < b ? b : (en > M ? M : en);
-    segment_softmax_backward<A>(grad, y, dsrc, b, en, h, e % h);
-  }
+  SPTR_GRID_STRIDE(e, segments * h) { softmax_backward_item<at::opmath_type<T>>(grad, y, dsrc, indptr, M, h, e); }
 }
 
 // Grid for the shared-table kernels: blocks along x for one head, so x * h blocks fill the device.
@@ -300,41 +288,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> window_aggregate_bwd_cuda(
 
 at::Tensor window_softmax_fwd_cuda(const at::Tensor& src, const at::Tensor& indptr) {
   c10::cuda::CUDAGuard guard(src.device());
-  SPTR_CHECK_DIM(src, 2);
-  SPTR_CHECK_FLOATING(src);
-  check_pair_index(indptr, "indptr", src);
-  auto x = src.contiguous();
-  auto ip = indptr.contiguous();
-  auto out = at::zeros_like(x);
-  const int64_t segments = ip.numel() - 1, h = x.size(1);
-  if (segments * h > 0) {
-    SPTR_DISPATCH_FLOATING(x.scalar_type(), "window_softmax_fwd_cuda", [&] {
-      softmax_kernel<scalar_t><<<grid_for(segments * h, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-          x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), int_view(ip), segments, x.size(0), h);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  }
+  SoftmaxOperands ops(src, indptr, std::nullopt);
+  auto out = at::zeros_like(ops.x);
+  if (ops.segments * ops.h == 0) return out;
+  SPTR_DISPATCH_FLOATING(ops.x.scalar_type(), "window_softmax_fwd_cuda", [&] {
+    softmax_kernel<scalar_t><<<grid_for(ops.segments * ops.h, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        ops.x.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), int_view(ops.indptr), ops.segments, ops.M,
+        ops.h);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
   return out;
 }
 
 at::Tensor window_softmax_bwd_cuda(const at::Tensor& grad, const at::Tensor& out, const at::Tensor& indptr) {
   c10::cuda::CUDAGuard guard(out.device());
-  SPTR_CHECK_DIM(out, 2);
-  check_pair_index(indptr, "indptr", out);
-  auto y = out.contiguous();
-  auto g = grad.to(y.scalar_type()).contiguous();
-  auto ip = indptr.contiguous();
-  auto dsrc = at::zeros_like(y);
-  const int64_t segments = ip.numel() - 1, h = y.size(1);
-  if (segments * h > 0) {
-    SPTR_DISPATCH_FLOATING(y.scalar_type(), "window_softmax_bwd_cuda", [&] {
-      softmax_backward_kernel<scalar_t><<<grid_for(segments * h, kThreads), kThreads, 0,
-                                          at::cuda::getCurrentCUDAStream()>>>(
-          g.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), dsrc.mutable_data_ptr<scalar_t>(), int_view(ip),
-          segments, y.size(0), h);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  }
+  SoftmaxOperands ops(out, indptr, grad);
+  auto dsrc = at::zeros_like(ops.x);
+  if (ops.segments * ops.h == 0) return dsrc;
+  SPTR_DISPATCH_FLOATING(ops.x.scalar_type(), "window_softmax_bwd_cuda", [&] {
+    softmax_backward_kernel<scalar_t><<<grid_for(ops.segments * ops.h, kThreads), kThreads, 0,
+                                        at::cuda::getCurrentCUDAStream()>>>(
+        ops.grad.const_data_ptr<scalar_t>(), ops.x.const_data_ptr<scalar_t>(), dsrc.mutable_data_ptr<scalar_t>(),
+        int_view(ops.indptr), ops.segments, ops.M, ops.h);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
   return dsrc;
 }
 

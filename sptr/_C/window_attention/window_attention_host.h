@@ -160,6 +160,28 @@ struct AggregateOperands {
   }
 };
 
+// Operands of the CSR softmax (forward: src; backward: the forward output) and its upstream gradient.
+struct SoftmaxOperands {
+  at::Tensor x, grad, indptr;
+  int64_t segments, M, h;
+
+  SoftmaxOperands(const at::Tensor& x_, const at::Tensor& indptr_, const std::optional<at::Tensor>& grad_) {
+    SPTR_CHECK_DIM(x_, 2);
+    SPTR_CHECK_FLOATING(x_);
+    check_pair_index(indptr_, "indptr", x_);
+    SPTR_CHECK_VALUE(indptr_.numel() >= 1, "indptr must have at least one entry");
+    x = x_.contiguous();
+    indptr = indptr_.contiguous();
+    if (grad_.has_value()) {
+      SPTR_CHECK_VALUE(grad_->sizes() == x_.sizes(), "grad must have shape ", x_.sizes(), ", got ", grad_->sizes());
+      grad = grad_->to(x.scalar_type()).contiguous();
+    }
+    segments = indptr.numel() - 1;
+    M = x.size(0);
+    h = x.size(1);
+  }
+};
+
 // Zeroed accumulation buffers (fp32, or fp64 for fp64) for scatter-style gradients, one per operand; an
 // undefined operand (absent table) gets no buffer and yields an empty gradient, so schemas stay Tensor-typed.
 class GradBuffers {

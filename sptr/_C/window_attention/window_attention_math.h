@@ -100,12 +100,17 @@ SPTR_HD void pair_logit_backward(const PairLogitArgs<T>& p, const T* grad, int64
   }
 }
 
+// [offsets[row], offsets[row + 1]) clamped to [0, total]: malformed offsets never index out of bounds.
+SPTR_HD void clamped_range(IntView offsets, int64_t row, int64_t total, int64_t& begin, int64_t& end) {
+  begin = offsets[row];
+  end = offsets[row + 1];
+  begin = begin < 0 ? 0 : (begin > total ? total : begin);
+  end = end < begin ? begin : (end > total ? total : end);
+}
+
 template <typename T>
 SPTR_HD void row_range(const AggregateArgs<T>& p, int64_t row, int64_t& begin, int64_t& end) {
-  begin = p.offsets[row];
-  end = p.offsets[row + 1];
-  begin = begin < 0 ? 0 : (begin > p.num_pairs ? p.num_pairs : begin);
-  end = end < begin ? begin : (end > p.num_pairs ? p.num_pairs : end);
+  clamped_range(p.offsets, row, p.num_pairs, begin, end);
 }
 
 // out[row, head, c] = sum over pairs m of the row of attn[m, head] * (v[j(m), head, c] + E_Tv[m, head, c])
@@ -199,6 +204,14 @@ SPTR_HD void segment_softmax(const T* src, T* out, int64_t begin, int64_t end, i
   for (int64_t m = begin; m < end; ++m) out[m * h + head] = T(exp_of(A(src[m * h + head]) - mx) / total);
 }
 
+// Item e = (segment e / h, head e % h) of the CSR softmax over an (M, h) tensor.
+template <typename A, typename T>
+SPTR_HD void softmax_item(const T* src, T* out, IntView indptr, int64_t M, int64_t h, int64_t e) {
+  int64_t begin, end;
+  clamped_range(indptr, e / h, M, begin, end);
+  segment_softmax<A>(src, out, begin, end, h, e % h);
+}
+
 // dsrc = y * (grad - sum(grad * y)) over the segment.
 template <typename A, typename T>
 SPTR_HD void segment_softmax_backward(const T* grad, const T* y, T* dsrc, int64_t begin, int64_t end, int64_t h,
@@ -206,6 +219,14 @@ SPTR_HD void segment_softmax_backward(const T* grad, const T* y, T* dsrc, int64_
   A dot = A(0);
   for (int64_t m = begin; m < end; ++m) dot += A(grad[m * h + head]) * A(y[m * h + head]);
   for (int64_t m = begin; m < end; ++m) dsrc[m * h + head] = T(A(y[m * h + head]) * (A(grad[m * h + head]) - dot));
+}
+
+template <typename A, typename T>
+SPTR_HD void softmax_backward_item(const T* grad, const T* y, T* dsrc, IntView indptr, int64_t M, int64_t h,
+                                   int64_t e) {
+  int64_t begin, end;
+  clamped_range(indptr, e / h, M, begin, end);
+  segment_softmax_backward<A>(grad, y, dsrc, begin, end, h, e % h);
 }
 
 }  // namespace sptr

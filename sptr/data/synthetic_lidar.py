@@ -1,4 +1,4 @@
-"""A synthetic LiDAR-like voxel scene: a 64-beam scan of ground, walls and boxes, voxelised."""
+"""A synthetic LiDAR-like voxel scene: a 64-beam scan of ground, walls and boxes, voxelised (no data download)."""
 import math
 
 import torch
