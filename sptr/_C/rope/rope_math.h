@@ -7,6 +7,7 @@
 // no fused multiply-add. The backward is the matching transpose, rounded the way autograd rounds it.
 #pragma once
 #include <ATen/OpMathType.h>
+#include <type_traits>
 #include <sptr/views.h>
 
 namespace sptr {
@@ -29,30 +30,22 @@ struct RopeArgs {
   bool table_vector = false;             // cos/sin rows allow V-wide aligned loads
 };
 
-SPTR_HD float mul_rn(float a, float b) {
+// Products and sums rounded as written: no fused multiply-add, which would change the rounding.
+template <typename A>
+SPTR_HD A mul_rn(A a, A b) {
 #if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
+  if constexpr (std::is_same_v<A, double>) return __dmul_rn(a, b);
+  else return __fmul_rn(a, b);
 #else
   return a * b;
 #endif
 }
-SPTR_HD float add_rn(float a, float b) {
+
+template <typename A>
+SPTR_HD A add_rn(A a, A b) {
 #if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-SPTR_HD double mul_rn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-SPTR_HD double add_rn(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
+  if constexpr (std::is_same_v<A, double>) return __dadd_rn(a, b);
+  else return __fadd_rn(a, b);
 #else
   return a + b;
 #endif
