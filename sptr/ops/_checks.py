@@ -1,6 +1,8 @@
 """Input checks shared by the op wrappers: every error names the argument and what was expected."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -9,9 +11,26 @@ INDEX = (torch.int32, torch.int64)
 INTEGER = (torch.int8, torch.int16, torch.int32, torch.int64)
 
 
+_DATA_CHECKS = True
+
+
 def data_checks_enabled() -> bool:
-    """Data-dependent checks (index ranges, offsets) need a host sync; they are skipped while tracing."""
-    return not torch.compiler.is_compiling()
+    """Data-dependent checks (index ranges, offsets) need a host sync; they are skipped while tracing and
+    inside :func:`data_checks` ``(False)``."""
+    return _DATA_CHECKS and not torch.compiler.is_compiling()
+
+
+@contextlib.contextmanager
+def data_checks(enabled: bool):
+    """Turn the value checks of index arrays on or off (e.g. off in a training loop whose indices come from
+    ``get_indices_params``). Without them bad indices still never read out of bounds: the kernels skip
+    out-of-range pairs, so the result for such input is unspecified but memory-safe."""
+    global _DATA_CHECKS
+    previous, _DATA_CHECKS = _DATA_CHECKS, bool(enabled)
+    try:
+        yield
+    finally:
+        _DATA_CHECKS = previous
 
 
 def check_tensor(name: str, t, *, dim: int | None = None, dtypes=None, device: torch.device | None = None) -> Tensor:

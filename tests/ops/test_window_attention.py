@@ -260,6 +260,26 @@ def test_bad_inputs_raise_clear_errors():
         sptr.scatter_softmax_csr(attn, o0 + 1)
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_unchecked_bad_indices_stay_in_bounds(device):
+    """With the value checks off, out-of-range indices and rel_idx are skipped by the kernels (no crash, no
+    out-of-bounds read; compute-sanitizer runs this on the GPU), and in-range pairs are unaffected."""
+    n, o0, o1, i0, i1 = random_layout([3, 2], device)
+    q = torch.randn(n, 2, 16, device=device)
+    table = torch.randn(10, 3, 2, 16, device=device)
+    rel = torch.zeros(i0.numel(), 3, dtype=torch.int32, device=device)
+    bad_i1, bad_rel = i1.clone(), rel.clone()
+    bad_i1[0], bad_rel[1, 2] = 10**6, -5
+    with sptr.ops.data_checks(False):
+        logits = sptr.dot_prod_with_idx_all(q, i0, o0, q, bad_i1, o1, table, table, bad_rel, 3)
+        out = sptr.attention_step2_with_rel_pos_value(logits, q, i0, o0, 3, bad_i1, o1, table, bad_rel)
+    good = sptr.dot_prod_with_idx_all(q, i0, o0, q, i1, o1, table, table, rel, 3)
+    assert logits[0].abs().max() == 0 and logits[1].abs().max() == 0
+    assert torch.equal(logits[2:], good[2:]) and torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="index_1 must have values in"):
+        sptr.dot_prod_with_idx_all(q, i0, o0, q, bad_i1, o1, table, table, rel, 3)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_mismatched_devices_raise():
