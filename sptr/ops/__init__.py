@@ -1,4 +1,5 @@
 """Public functional API: one module per op family."""
+from . import rope, vision_index  # noqa: F401
 from ._checks import data_checks  # noqa: F401
 from .window_attention import (  # noqa: F401
     aggregate,
