@@ -9,5 +9,12 @@ PYTHON=${PYTHON:-python3}
 PIP=".venv/bin/python -m pip"
 $PIP install -q "torch==2.14.1" numpy einops safetensors pyyaml ninja setuptools wheel
 $PIP install -q pytest expecttest "transformers==4.49.0"
-MAX_JOBS=${MAX_JOBS:-$(nproc)} $PIP install -q --no-build-isolation -e .
+# Rebuilding the extension takes minutes: skip it when the kernel sources and build settings are unchanged.
+STAMP=.venv/sptr-build.stamp
+want=$( (cat setup.py; find sptr/_C -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh' \) \
+         | sort | xargs cat; echo "${FORCE_CUDA:-} ${TORCH_CUDA_ARCH_LIST:-} ${DEBUG:-}") | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ] || ! .venv/bin/python -c "import sptr._C" 2>/dev/null; then
+  MAX_JOBS=${MAX_JOBS:-$(nproc)} $PIP install -q --no-build-isolation -e .
+  echo "$want" > "$STAMP"
+fi
 .venv/bin/python -c "import sptr._C as c; print('sptr built;', 'CUDA kernels' if c.has_cuda_kernels() else 'CPU kernels only')"
