@@ -1,11 +1,13 @@
 """``sparse_self_attention``: windowed multi-head attention over points in original order (SparseTransformer §5)."""
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
 from torch import Tensor
 
+from ._checks import data_checks
 from .window_attention import (
     attention_step1,
     attention_step2,
@@ -56,11 +58,18 @@ def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_ma
     else:
         logits = attention_step1(sorted_q, sorted_k, index_0, index_0_offsets, index_1, index_1_offsets, n_max)
     attn = scatter_softmax_csr(logits, index_0_offsets)
-    if value_table:
-        out_sorted = attention_step2_with_rel_pos_value(attn, sorted_v, index_0, index_0_offsets, n_max, index_1,
-                                                        index_1_offsets,
-                                                        relative_pos_value_table.to(tables_dtype), rel)
-    else:
-        out_sorted = attention_step2(attn, sorted_v, index_0, index_0_offsets, index_1, index_1_offsets, n_max)
+    # The aggregation would check index_0_offsets, index_1 and rel again (a host sync each): the softmax and the
+    # logit op above already did, unless rel or the value rows took no part there.
+    rechecks = (value_table and not logit_tables) or sorted_v.shape[0] != sorted_k.shape[0]
+    with contextlib.nullcontext() if rechecks else data_checks(False):
+        out_sorted = _aggregate(attn, sorted_v, index_0, index_0_offsets, n_max, index_1, index_1_offsets,
+                                relative_pos_value_table.to(tables_dtype) if value_table else None, rel)
     out = out_sorted.new_empty(out_sorted.shape).index_copy(0, sort_idx, out_sorted)
     return out.to(out_dtype)
+
+
+def _aggregate(attn, v, index_0, index_0_offsets, n_max, index_1, index_1_offsets, table, rel):
+    if table is not None:
+        return attention_step2_with_rel_pos_value(attn, v, index_0, index_0_offsets, n_max, index_1, index_1_offsets,
+                                                  table, rel)
+    return attention_step2(attn, v, index_0, index_0_offsets, index_1, index_1_offsets, n_max)
