@@ -11,16 +11,29 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && ORACLE=/tmp/site
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+# The published sptr 1.1.1, for the fused-attention benchmark: its sdist plus the four headers the sdist lacks
+# (D11, taken from its git repository), carried in .bench_deps/ (not committed), built next to ours and
+# imported as `sptr111` (our package has its import name).
+SPTR111_PID=""
+if [ -f .bench_deps/sptr-1.1.1-src.tar.gz ]; then
+  ( set -e; mkdir -p /tmp/sptr111src /tmp/sptr111pkg/sptr111; tar xzf .bench_deps/sptr-1.1.1-src.tar.gz -C /tmp/sptr111src
+    cd /tmp/sptr111src/sptr-1.1.1; ENABLE_BF16=1 python3 setup.py build_ext --inplace > "$OUT/sptr111_build.log" 2>&1
+    cp sptr/functional.py sptr/sptr_cuda*.so /tmp/sptr111pkg/sptr111/; touch /tmp/sptr111pkg/sptr111/__init__.py ) &
+  SPTR111_PID=$!
+fi
 ( time python3 setup.py build_ext --inplace ) > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 tail -3 "$OUT/build.log"
+[ -n "$SPTR111_PID" ] && { wait $SPTR111_PID && echo "sptr 1.1.1 built" || tail -5 "$OUT/sptr111_build.log"; }
 # transformers 4.49 (the oracle) shadows the machine's transformers for the main run ...
-PYTHONPATH=$ORACLE:. python3 -m pytest tests -q -p no:cacheprovider -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -25
+PYTHONPATH=$ORACLE:. python3 -m pytest ${PYTEST_TARGETS:-tests} -q -p no:cacheprovider -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -25
 # ... and the 5.x-form adapter is checked against the machine's own transformers 5.x.
-PYTHONPATH=. python3 -m pytest tests/ops/test_rope_index_hf5.py -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest_hf5.log" | tail -3
+[ -n "${SKIP_HF5:-}" ] || PYTHONPATH=. python3 -m pytest tests/ops/test_rope_index_hf5.py -q -p no:cacheprovider -rs \
+  2>&1 | tee "$OUT/pytest_hf5.log" | tail -3
 # Out-of-bounds accesses and races in the CUDA kernels, on the CUDA test cases of the smaller tests.
 PYTHONPATH=$ORACLE:. timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool memcheck --error-exitcode 1 \
-  python3 -m pytest tests/ops -q -p no:cacheprovider -x -k "cuda and not big_windows and not random_batches" \
-  2>&1 | tee "$OUT/memcheck.log" | tail -4
-for b in ${BENCHMARKS:-bench_window_attention bench_rope}; do
-  PYTHONPATH=$ORACLE:. timeout ${BENCH_TIMEOUT:-240} python3 "benchmarks/$b.py" 2>&1 | tee "$OUT/$b.log" | tail -45
+  python3 -m pytest ${SANITIZER_TARGETS:-tests/ops} -q -p no:cacheprovider -x \
+  -k "cuda and not big_windows and not random_batches" 2>&1 | tee "$OUT/memcheck.log" | tail -4
+for b in ${BENCHMARKS:-bench_fused_attention bench_window_attention bench_rope}; do
+  PYTHONPATH=$ORACLE:/tmp/sptr111pkg:. timeout ${BENCH_TIMEOUT:-240} python3 "benchmarks/$b.py" ${BENCH_ARGS:-} \
+    2>&1 | tee "$OUT/$b.log" | tail -60
 done

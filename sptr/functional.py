@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from .ops import window_attention as _wa
+from .ops import step_attention as _wa
 
 DEBUG = False
 

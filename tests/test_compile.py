@@ -3,7 +3,7 @@ import torch
 
 import sptr
 from sptr.ops import rope
-from sptr.ops.window_attention import aggregate, pair_logits, segment_softmax
+from sptr.ops.step_attention import aggregate, pair_logits, segment_softmax
 
 
 def counted(fn):
@@ -32,6 +32,26 @@ def test_window_attention_compiles_to_one_graph():
     def attend(q, k, v, table):
         logits = pair_logits(q * 0.25, k, i0, i1, table, table, rel)
         return aggregate(segment_softmax(logits, o0), v, o0, i1, table, rel)
+
+    compiled, graphs = counted(attend)
+    out = compiled(q, k, v, table)
+    out.square().sum().backward()
+    eager = attend(*(t.detach().requires_grad_() for t in (q, k, v, table)))
+    assert len(graphs) == 1
+    assert torch.allclose(out, eager, atol=1e-6)
+    assert q.grad is not None and table.grad is not None
+
+
+def test_fused_window_attention_compiles_to_one_graph():
+    torch._dynamo.reset()
+    offsets = torch.tensor([0, 3, 4, 8, 10], dtype=torch.int32)
+    q, k, v = (torch.randn(10, 2, 16, requires_grad=True) for _ in range(3))
+    table = torch.randn(5, 3, 2, 16, requires_grad=True)
+    coords = torch.randint(0, 3, (10, 3), dtype=torch.int32)
+
+    def attend(q, k, v, table):
+        rel_pos = sptr.ops.RelativePosition(coords, 2, table, table, table)
+        return sptr.ops.window_attention(q, k, v, offsets, rel_pos=rel_pos, scale=0.25)
 
     compiled, graphs = counted(attend)
     out = compiled(q, k, v, table)

@@ -31,6 +31,21 @@ TORCH_LIBRARY(sptr, m) {
   m.def("window_softmax_fwd(Tensor src, Tensor indptr) -> Tensor");
   m.def("window_softmax_bwd(Tensor grad, Tensor out, Tensor indptr) -> Tensor");
 
+  // Fused window attention: tokens sorted by window, window_offsets (W+1) in CSR form. Optional
+  // relative-position tables (L,3,h,d) indexed from per-token int32 coords (N,3) (rel = c_i - c_j + rel_shift;
+  // column 2 from the radius (N,) by exponential bins of radial_a when given). lse: (N,h) in the accumulation
+  // dtype. `deterministic` is for the backward (the forward saves it); the backward returns empty table
+  // gradients for absent tables.
+  m.def(
+      "window_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor window_offsets, Tensor? coords, Tensor? radius, "
+      "Tensor? table_q, Tensor? table_k, Tensor? table_v, int rel_shift, float radial_a, float scale, "
+      "bool deterministic) -> (Tensor, Tensor)");
+  m.def(
+      "window_attention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+      "Tensor window_offsets, Tensor? coords, Tensor? radius, Tensor? table_q, Tensor? table_k, Tensor? table_v, "
+      "int rel_shift, float radial_a, float scale, bool deterministic) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+
   // Multimodal RoPE. mrope_section is the undoubled [t, h, w] split of head_dim / 2 (empty: cos/sin are
   // already composed, shape [B, S, D]); hf_layout selects HF's per-half streams, else Wall-X's contiguous ones.
   m.def(

@@ -13,11 +13,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..ops.sparse_attention import sparse_self_attention
+from ..ops.sparse_attention import fused_sparse_self_attention, sparse_self_attention
 from ..ops.windowing import get_indices_params, to_3d_numpy
 from .config import LayerConfig, check_positive
 from .sparse_tensor import SparseTrTensor
-from .var_length_attention import quant_grid_length
+from .var_length_attention import cached_windows, check_attention_path, quant_grid_length
 
 
 def cart2sphere(xyz: torch.Tensor) -> torch.Tensor:
@@ -72,6 +72,7 @@ class SparseMultiheadSASphereConcat(nn.Module):
         self.quant_size_sphere = to_3d_numpy(kwargs["quant_size_sphere"])
         self.rel_query, self.rel_key, self.rel_value = (kwargs.get(f, False) for f in ("rel_query", "rel_key", "rel_value"))
         self.a = kwargs.get("a", 0.05 * 0.25)
+        self.attention = check_attention_path(kwargs.get("attention", "fused"))
         self.quant_grid_length = quant_grid_length(self.window_size, self.quant_size)
         self.quant_grid_length_sphere = quant_grid_length(self.window_size_sphere, self.quant_size_sphere)
         h1 = num_heads // 2
@@ -88,15 +89,39 @@ class SparseMultiheadSASphereConcat(nn.Module):
         self.proj = nn.Linear(embed_dim, embed_dim)
         self.proj_drop = nn.Dropout(dropout)
 
-    def _branch(self, q, k, v, xyz, params, window, quant, qgl, tables, split_func=None):
+    def _logit_and_value_tables(self, tables):
+        """The tables the published module uses: logit tables only with both rel_query and rel_key."""
+        if self.pe_type != "contextual":
+            return (None, None, None)
+        both = self.rel_query and self.rel_key
+        return (tables[0] if both else None, tables[1] if both else None, tables[2] if self.rel_value else None)
+
+    def _fused(self, sptr_tensor, key, q, k, v, xyz, batch, window, quant, qgl, tables, radial_a=None):
+        sort_idx, offsets = cached_windows(sptr_tensor, key, xyz, batch, window, self.shift_win)
+        return fused_sparse_self_attention(q, k, v, xyz, sort_idx, offsets, window, self.shift_win, self.scale,
+                                           quant, qgl, self._logit_and_value_tables(tables), radial_a)
+
+    def _step(self, q, k, v, xyz, params, window, quant, qgl, tables, split_func=None):
         index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx = params
         return sparse_self_attention(
-            q.contiguous().float(), k.contiguous().float(), v.contiguous().float(), xyz.float(), index_0,
-            index_0_offsets, n_max, index_1, index_1_offsets, sort_idx, window, self.shift_win,
+            (q * self.scale).contiguous().float(), k.contiguous().float(), v.contiguous().float(), xyz.float(),
+            index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx, window, self.shift_win,
             pe_type=self.pe_type, rel_query=self.rel_query, rel_key=self.rel_key, rel_value=self.rel_value,
             quant_size=quant, quant_grid_length=qgl, relative_pos_query_table=tables[0].float(),
             relative_pos_key_table=tables[1].float(), relative_pos_value_table=tables[2].float(),
             split_func=split_func)
+
+    def _step_indices(self, sptr_tensor, xyz, xyz_sphere, batch):
+        """The published 14-tuple cache entry: cubic 6-tuple, window_size, shift_win, spherical 6-tuple."""
+        cached = sptr_tensor.find_indice_params(self.indice_key)
+        if cached is None:
+            cubic = get_indices_params(xyz, batch, self.window_size, self.shift_win)
+            sphere = get_indices_params(xyz_sphere, batch, self.window_size_sphere, self.shift_win)
+            sptr_tensor.indice_dict[self.indice_key] = cubic + (self.window_size, self.shift_win) + sphere
+            return cubic, sphere
+        if not np.array_equal(cached[6], self.window_size) or cached[7] != self.shift_win:
+            raise ValueError(f"indice_key {self.indice_key!r} was computed with other window parameters")
+        return tuple(cached[:6]), tuple(cached[8:])
 
     def forward(self, sptr_tensor: SparseTrTensor) -> SparseTrTensor:
         if sptr_tensor.key_feats is not None or sptr_tensor.value_feats is not None:
@@ -105,27 +130,26 @@ class SparseMultiheadSASphereConcat(nn.Module):
         xyz, batch = indices[:, 1:], indices[:, 0]
         n, c = feats.shape
         h, d = self.num_heads, self.head_dim
-        qkv = self.qkv(feats).reshape(n, 3, h, d)
-        q, k, v = qkv[:, 0] * self.scale, qkv[:, 1], qkv[:, 2]
-        xyz_sphere = cart2sphere(xyz.float())
-        cached = sptr_tensor.find_indice_params(self.indice_key)
-        if cached is None:
-            cubic = get_indices_params(xyz, batch, self.window_size, self.shift_win)
-            sphere = get_indices_params(xyz_sphere, batch, self.window_size_sphere, self.shift_win)
-            sptr_tensor.indice_dict[self.indice_key] = cubic + (self.window_size, self.shift_win) + sphere
-        else:
-            cubic, sphere = tuple(cached[:6]), tuple(cached[8:])
-            if not np.array_equal(cached[6], self.window_size) or cached[7] != self.shift_win:
-                raise ValueError(f"indice_key {self.indice_key!r} was computed with other window parameters")
         h1 = h // 2
-        out_cubic = self._branch(q[:, :h1], k[:, :h1], v[:, :h1], xyz, cubic, self.window_size, self.quant_size,
-                                 self.quant_grid_length, (self.relative_pos_query_table, self.relative_pos_key_table,
-                                                          self.relative_pos_value_table))
-        out_sphere = self._branch(q[:, h1:], k[:, h1:], v[:, h1:], xyz_sphere, sphere, self.window_size_sphere,
-                                  self.quant_size_sphere, self.quant_grid_length_sphere,
-                                  (self.relative_pos_query_table_sphere, self.relative_pos_key_table_sphere,
-                                   self.relative_pos_value_table_sphere), partial(exponential_split, a=self.a))
-        x = torch.cat([out_cubic, out_sphere], 1).reshape(n, c)
+        qkv = self.qkv(feats).reshape(n, 3, h, d)
+        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        xyz_sphere = cart2sphere(xyz.float())
+        cubic_tables = (self.relative_pos_query_table, self.relative_pos_key_table, self.relative_pos_value_table)
+        sphere_tables = (self.relative_pos_query_table_sphere, self.relative_pos_key_table_sphere,
+                         self.relative_pos_value_table_sphere)
+        cubic_args = (self.window_size, self.quant_size, self.quant_grid_length, cubic_tables)
+        sphere_args = (self.window_size_sphere, self.quant_size_sphere, self.quant_grid_length_sphere, sphere_tables)
+        if self.attention == "fused":
+            out_cubic = self._fused(sptr_tensor, f"{self.indice_key}/cubic", q[:, :h1], k[:, :h1], v[:, :h1], xyz,
+                                    batch, *cubic_args)
+            out_sphere = self._fused(sptr_tensor, f"{self.indice_key}/sphere", q[:, h1:], k[:, h1:], v[:, h1:],
+                                     xyz_sphere, batch, *sphere_args, radial_a=self.a)
+        else:
+            cubic, sphere = self._step_indices(sptr_tensor, xyz, xyz_sphere, batch)
+            out_cubic = self._step(q[:, :h1], k[:, :h1], v[:, :h1], xyz, cubic, *cubic_args)
+            out_sphere = self._step(q[:, h1:], k[:, h1:], v[:, h1:], xyz_sphere, sphere, *sphere_args,
+                                    partial(exponential_split, a=self.a))
+        x = torch.cat([out_cubic, out_sphere.to(out_cubic.dtype)], 1).reshape(n, c)
         x = self.proj_drop(self.proj(x.to(self.proj.weight.dtype)))
         return SparseTrTensor(x, indices, sptr_tensor.spatial_shape, sptr_tensor.batch_size)
 
@@ -145,8 +169,10 @@ class SphereFormerConfig(LayerConfig):
     qkv_bias: bool = True
     qk_scale: float | None = None
     a: float = 0.05 * 0.25
+    attention: str = "fused"
 
     def __post_init__(self):
+        check_attention_path(self.attention)
         check_positive(type(self).__name__, dim=self.dim, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio)
         if self.dim % self.num_heads:
             raise ValueError(f"dim {self.dim} must be divisible by num_heads {self.num_heads}")
@@ -171,7 +197,7 @@ class SphereFormer(nn.Module):
             np.array(cfg.window_size_sphere, np.float32), pe_type="contextual", qk_scale=cfg.qk_scale,
             qkv_bias=cfg.qkv_bias, rel_query=True, rel_key=True, rel_value=True,
             quant_size=np.array(cfg.quant_size, np.float32), quant_size_sphere=np.array(cfg.quant_size_sphere, np.float32),
-            a=cfg.a)
+            a=cfg.a, attention=cfg.attention)
         self.drop_path = DropPath(cfg.drop_path)
         self.norm2 = nn.LayerNorm(cfg.dim)
         hidden = int(cfg.dim * cfg.mlp_ratio)

@@ -7,13 +7,34 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..ops.sparse_attention import sparse_self_attention
-from ..ops.windowing import get_indices_params, to_3d_numpy
+from ..ops.sparse_attention import fused_sparse_self_attention, sparse_self_attention
+from ..ops.windowing import get_indices_params, to_3d_numpy, window_partition
 from .config import LayerConfig, check_positive
 from .position_embedding import PositionEmbeddingCoordsSine
 from .sparse_tensor import SparseTrTensor
 
 PE_TYPES = ("none", "contextual", "sine", "fourier")
+ATTENTION_PATHS = ("fused", "step")
+
+
+def check_attention_path(attention: str) -> str:
+    if attention not in ATTENTION_PATHS:
+        raise ValueError(f"attention must be one of {ATTENTION_PATHS}, got {attention!r}")
+    return attention
+
+
+def cached_windows(sptr_tensor, key, xyz, batch, window_size, shift_win):
+    """``(sort_idx, window_offsets)`` of the fused path, cached in ``indice_dict`` under ``key``."""
+    cached = sptr_tensor.find_indice_params(key)
+    if cached is None:
+        sort_idx, offsets = window_partition(xyz, batch, window_size, shift_win)
+        sptr_tensor.indice_dict[key] = (sort_idx, offsets, window_size, shift_win)
+        return sort_idx, offsets
+    sort_idx, offsets, cached_size, cached_shift = cached
+    if not np.array_equal(cached_size, window_size) or cached_shift != shift_win:
+        raise ValueError(f"indice_key {key!r} was computed with window_size {cached_size}, shift_win "
+                         f"{cached_shift}; this module has {window_size}, {shift_win}")
+    return sort_idx, offsets
 
 
 def quant_grid_length(window_size: np.ndarray, quant_size: np.ndarray) -> int:
@@ -37,8 +58,10 @@ class VarLengthMultiheadSAConfig(LayerConfig):
     qk_scale: float | None = None
     qkv_bias: bool = True
     quant_size: tuple | None = None
+    attention: str = "fused"
 
     def __post_init__(self):
+        check_attention_path(self.attention)
         check_positive(type(self).__name__, embed_dim=self.embed_dim, num_heads=self.num_heads)
         if self.embed_dim % self.num_heads:
             raise ValueError(f"embed_dim {self.embed_dim} must be divisible by num_heads {self.num_heads}")
@@ -53,11 +76,15 @@ class VarLengthMultiheadSA(nn.Module):
 
     ``pe_type='contextual'`` needs ``rel_query=rel_key=rel_value=True`` and ``quant_size`` in kwargs and adds
     the three relative-position tables ``(2·qgl − 1, 3, num_heads, head_dim)``.
+
+    ``attention='fused'`` (default) runs the fused kernel in the features' dtype (autocast's under autocast);
+    ``'step'`` runs SparseTransformer's step-by-step ops in float32, as published.
     """
 
     def __init__(self, embed_dim, num_heads, indice_key, window_size, shift_win=False, pe_type="none", dropout=0.0,
-                 qk_scale=None, qkv_bias=True, algo="native", **kwargs):
+                 qk_scale=None, qkv_bias=True, algo="native", attention="fused", **kwargs):
         super().__init__()
+        self.attention = check_attention_path(attention)
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
         self.embed_dim, self.num_heads = embed_dim, num_heads
@@ -98,7 +125,7 @@ class VarLengthMultiheadSA(nn.Module):
         if cfg.pe_type == "contextual":
             extra = dict(rel_query=True, rel_key=True, rel_value=True, quant_size=np.array(cfg.quant_size))
         return cls(cfg.embed_dim, cfg.num_heads, cfg.indice_key, np.array(cfg.window_size), cfg.shift_win,
-                   cfg.pe_type, cfg.dropout, cfg.qk_scale, cfg.qkv_bias, **extra)
+                   cfg.pe_type, cfg.dropout, cfg.qk_scale, cfg.qkv_bias, attention=cfg.attention, **extra)
 
     def _add_position_embedding(self, feats, xyz, batch):
         """Per batch element, the embedding of its coordinates over its own range (out of place, D15)."""
@@ -125,6 +152,30 @@ class VarLengthMultiheadSA(nn.Module):
             query = self._add_position_embedding(query, xyz, batch)
             key = self._add_position_embedding(key, xyz, batch)
         n, c = query.shape
+        if self.attention == "fused":
+            x = self._fused(sptr_tensor, query, key, value, xyz, batch)
+        else:
+            x = self._step(sptr_tensor, query, key, value, xyz, batch)
+        x = self.proj_drop(self.proj(x.reshape(n, c).to(self.proj.weight.dtype)))
+        return SparseTrTensor(x, sptr_tensor.query_indices, sptr_tensor.spatial_shape, sptr_tensor.batch_size)
+
+    def _tables(self):
+        if self.pe_type != "contextual":
+            return (None, None, None)
+        return self.relative_pos_query_table, self.relative_pos_key_table, self.relative_pos_value_table
+
+    def _fused(self, sptr_tensor, query, key, value, xyz, batch):
+        n, h, d = query.shape[0], self.num_heads, self.head_dim
+        q, k, v = (lin(x).reshape(n, h, d) for lin, x in ((self.q, query), (self.k, key), (self.v, value)))
+        sort_idx, offsets = cached_windows(sptr_tensor, f"{self.indice_key}/fused", xyz, batch, self.window_size,
+                                           self.shift_win)
+        contextual = self.pe_type == "contextual"
+        return fused_sparse_self_attention(q, k, v, xyz, sort_idx, offsets, self.window_size, self.shift_win,
+                                           self.scale, self.quant_size if contextual else None,
+                                           self.quant_grid_length if contextual else None, self._tables())
+
+    def _step(self, sptr_tensor, query, key, value, xyz, batch):
+        n, c = query.shape
         h, d = self.num_heads, self.head_dim
         q = self.q(query).reshape(n, h, d) * self.scale
         k = self.k(key).reshape(n, h, d)
@@ -147,8 +198,6 @@ class VarLengthMultiheadSA(nn.Module):
                          relative_pos_query_table=self.relative_pos_query_table.float(),
                          relative_pos_key_table=self.relative_pos_key_table.float(),
                          relative_pos_value_table=self.relative_pos_value_table.float())
-        x = sparse_self_attention(q.float(), k.float(), v.float(), xyz.float(), index_0, index_0_offsets, n_max,
-                                  index_1, index_1_offsets, sort_idx, self.window_size, self.shift_win,
-                                  pe_type=self.pe_type, **extra)
-        x = self.proj_drop(self.proj(x.reshape(n, c).to(self.proj.weight.dtype)))
-        return SparseTrTensor(x, sptr_tensor.query_indices, sptr_tensor.spatial_shape, sptr_tensor.batch_size)
+        return sparse_self_attention(q.float(), k.float(), v.float(), xyz.float(), index_0, index_0_offsets, n_max,
+                                     index_1, index_1_offsets, sort_idx, self.window_size, self.shift_win,
+                                     pe_type=self.pe_type, **extra)

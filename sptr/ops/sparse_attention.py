@@ -8,14 +8,15 @@ import torch
 from torch import Tensor
 
 from ._checks import data_checks
-from .window_attention import (
+from .step_attention import (
     attention_step1,
     attention_step2,
     attention_step2_with_rel_pos_value,
     dot_prod_with_idx_all,
     scatter_softmax_csr,
 )
-from .windowing import relative_position_index
+from .fused_window_attention import RelativePosition, window_attention
+from .windowing import quantised_coords, relative_position_index
 
 _warned_partial_rel = False
 
@@ -73,3 +74,23 @@ def _aggregate(attn, v, index_0, index_0_offsets, n_max, index_1, index_1_offset
         return attention_step2_with_rel_pos_value(attn, v, index_0, index_0_offsets, n_max, index_1, index_1_offsets,
                                                   table, rel)
     return attention_step2(attn, v, index_0, index_0_offsets, index_1, index_1_offsets, n_max)
+
+
+def fused_sparse_self_attention(query, key, value, xyz, sort_idx, window_offsets, window_size, shift_win,
+                                scale, quant_size=None, quant_grid_length=None, tables=(None, None, None),
+                                radial_a=None, deterministic=False):
+    """:func:`sparse_self_attention`'s contextual mode on the fused kernel: ``query/key/value (N, h, d)`` in
+    original point order, unscaled (``scale`` is applied inside), windows from
+    :func:`~sptr.ops.windowing.window_partition`. ``radial_a`` selects SphereFormer's exponential radial bins
+    (``exponential_split``) for column 2. Returns ``(N, h, d)`` in the compute dtype (autocast's, if on)."""
+    rel_pos = None
+    if any(t is not None for t in tables):
+        if quant_size is None or quant_grid_length is None:
+            raise ValueError("relative-position tables need quant_size and quant_grid_length")
+        sorted_xyz = xyz[sort_idx].float()
+        coords = quantised_coords(sorted_xyz, window_size, quant_size, shift_win)
+        radial = {} if radial_a is None else dict(radius=sorted_xyz[:, 2].contiguous(), radial_a=radial_a)
+        rel_pos = RelativePosition(coords, quant_grid_length - 1, *tables, **radial)
+    out_sorted = window_attention(query[sort_idx], key[sort_idx], value[sort_idx], window_offsets, rel_pos=rel_pos,
+                                  scale=scale, deterministic=deterministic)
+    return out_sorted.new_empty(out_sorted.shape).index_copy(0, sort_idx, out_sorted)

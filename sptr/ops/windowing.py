@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .window_attention import precompute_all
+from .step_attention import precompute_all
 
 
 def to_3d_numpy(size) -> np.ndarray:
@@ -91,22 +91,36 @@ def grid_sample(pos: Tensor, batch: Tensor, size, start=None, return_p2v=True, r
     return cluster, p2v_map, counts
 
 
+def _windows(xyz: Tensor, batch: Tensor, window_size, shift_win: bool):
+    """``(cluster, n_max, counts)`` of the (optionally half-window-shifted) windows of ``xyz``."""
+    w = _as_vector("window_size", window_size, xyz)
+    if shift_win:
+        start = xyz.min(0).values if xyz.shape[0] else None
+        return grid_sample(xyz + 0.5 * w, batch, w, start=start, return_p2v=False)
+    return grid_sample(xyz, batch, w, start=None, return_p2v=False)
+
+
 def get_indices_params(xyz: Tensor, batch: Tensor, window_size, shift_win: bool):
     """Windows of ``xyz`` (optionally shifted by half a window) and their pair layout.
 
     Returns ``(index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx)``: int32 pair arrays over
     **sorted** positions, ``sort_idx`` (int64) the stable window-major order of the points.
     """
-    w = _as_vector("window_size", window_size, xyz)
-    if shift_win:
-        start = xyz.min(0).values if xyz.shape[0] else None
-        cluster, n_max, counts = grid_sample(xyz + 0.5 * w, batch, w, start=start, return_p2v=False)
-    else:
-        cluster, n_max, counts = grid_sample(xyz, batch, w, start=None, return_p2v=False)
+    cluster, n_max, counts = _windows(xyz, batch, window_size, shift_win)
     sort_idx = torch.sort(cluster, stable=True).indices
     index_0_offsets, index_1_offsets, index_0, index_1 = precompute_all(xyz.shape[0], counts.shape[0], n_max,
                                                                         counts)
     return index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx
+
+
+def window_partition(xyz: Tensor, batch: Tensor, window_size, shift_win: bool):
+    """The same windows as :func:`get_indices_params`, as the fused path wants them: ``(sort_idx,
+    window_offsets)`` with int32 ``window_offsets (W+1)`` delimiting each window in sorted order."""
+    cluster, _, counts = _windows(xyz, batch, window_size, shift_win)
+    sort_idx = torch.sort(cluster, stable=True).indices
+    offsets = torch.zeros(counts.shape[0] + 1, dtype=torch.int32, device=xyz.device)
+    torch.cumsum(counts, 0, out=offsets[1:])
+    return sort_idx, offsets
 
 
 def _split_func_arity(split_func) -> int:
@@ -124,6 +138,24 @@ def _split_func_arity(split_func) -> int:
     return 4
 
 
+def _quantised(xyz: Tensor, window_size, quant_size, shift_win: bool) -> Tensor:
+    """Each point's quantisation cell inside its window, as float32 (SparseTransformer §5.1)."""
+    x = xyz.float()
+    w = _as_vector("window_size", window_size, x)
+    q = _as_vector("quant_size", quant_size, x)
+    d = x - x.min(0).values if x.shape[0] else x
+    if shift_win:
+        d = d + 0.5 * w
+    return torch.div(torch.remainder(d, w), q, rounding_mode="floor")
+
+
+def quantised_coords(xyz: Tensor, window_size, quant_size, shift_win: bool) -> Tensor:
+    """Per-point quantised coordinates (int32 ``(N, 3)``, ``xyz`` in sorted order) for the fused path's
+    :class:`~sptr.ops.fused_window_attention.RelativePosition`: ``rel = c_i − c_j + (qgl − 1)`` equals
+    :func:`relative_position_index` without ``split_func``."""
+    return _quantised(xyz, window_size, quant_size, shift_win).int()
+
+
 def relative_position_index(xyz: Tensor, index_0: Tensor, index_1: Tensor, window_size, quant_size,
                             quant_grid_length: int, shift_win: bool, split_func=None) -> Tensor:
     """Quantised relative position of each pair (SparseTransformer §5.1, bit-exact), int32 ``(M, 3)``.
@@ -131,12 +163,7 @@ def relative_position_index(xyz: Tensor, index_0: Tensor, index_1: Tensor, windo
     ``xyz`` in sorted order; all arithmetic in float32 with torch's remainder / floor-division semantics.
     """
     x = xyz.float()
-    w = _as_vector("window_size", window_size, x)
-    q = _as_vector("quant_size", quant_size, x)
-    d = x - x.min(0).values if x.shape[0] else x
-    if shift_win:
-        d = d + 0.5 * w
-    xq = torch.div(torch.remainder(d, w), q, rounding_mode="floor")
+    xq = _quantised(x, window_size, quant_size, shift_win)
     i0, i1 = index_0.long(), index_1.long()
     rel = xq[i0] - xq[i1] + (quant_grid_length - 1)
     if split_func is not None:

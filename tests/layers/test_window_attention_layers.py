@@ -36,16 +36,62 @@ def test_contextual_pe_type_is_used_and_trained():
                                         "relative_pos_value_table"]
 
 
-def test_index_cache_hit_and_mismatch():
+@pytest.mark.parametrize("attention,cache_key", [("step", "key"), ("fused", "key/fused")])
+def test_index_cache_hit_and_mismatch(attention, cache_key):
     """A cache hit works (published raises on every hit, D13); other window parameters are rejected."""
     xyz, batch, feats = points()
     t = sptr.SparseTrTensor(feats, torch.cat([batch[:, None].float(), xyz], 1), None, 2)
-    a, b = sptr.VarLengthMultiheadSA(32, 2, "key", 0.3), sptr.VarLengthMultiheadSA(32, 2, "key", 0.3)
+    make = lambda w: sptr.VarLengthMultiheadSA(32, 2, "key", w, attention=attention)  # noqa: E731
+    a, b = make(0.3), make(0.3)
     a(t)
-    assert "key" in t.indice_dict
+    assert list(t.indice_dict) == [cache_key]
+    cached = t.indice_dict[cache_key]
     b(t)
+    assert t.indice_dict[cache_key] is cached
     with pytest.raises(ValueError, match="window_size"):
-        sptr.VarLengthMultiheadSA(32, 2, "key", 0.4)(t)
+        make(0.4)(t)
+
+
+@pytest.mark.parametrize("pe", ["none", "contextual"])
+def test_fused_and_step_paths_agree(pe):
+    xyz, batch, feats = points()
+    extra = dict(rel_query=True, rel_key=True, rel_value=True, quant_size=0.0125) if pe == "contextual" else {}
+    torch.manual_seed(0)
+    fused = sptr.VarLengthMultiheadSA(32, 2, "k", 0.3, pe_type=pe, **extra)
+    step = sptr.VarLengthMultiheadSA(32, 2, "k", 0.3, pe_type=pe, attention="step", **extra)
+    step.load_state_dict(fused.state_dict())
+    t = lambda: sptr.SparseTrTensor(feats, torch.cat([batch[:, None].float(), xyz], 1), None, 2)  # noqa: E731
+    y_fused, y_step = fused(t()).query_feats, step(t()).query_feats
+    assert_close("fused vs step", y_fused, y_step, 1e-5)
+    y_fused.square().sum().backward()
+    y_step.square().sum().backward()
+    for (name, p), q in zip(fused.named_parameters(), step.parameters()):
+        if name == "k.bias" and pe == "none":  # q·b_k shifts a whole softmax row: its gradient is 0 up to rounding
+            assert p.grad.abs().max() < 1e-5 and q.grad.abs().max() < 1e-5
+            continue
+        assert_close(f"grad {name}", p.grad, q.grad, 5e-5)
+
+
+def test_sphereformer_fused_and_step_paths_agree():
+    gen = torch.Generator().manual_seed(6)
+    n = 400
+    ang = torch.rand(n, generator=gen) * 6.283
+    rad = 2 + 8 * torch.rand(n, generator=gen)
+    xyz = torch.stack([rad * ang.cos(), rad * ang.sin(), torch.rand(n, generator=gen) * 0.5 - 1.7], 1)
+    batch = (torch.arange(n) >= 250).long()
+    cfg = dict(dim=32, num_heads=2, window_size=(1.2, 1.2, 1.2), quant_size=(0.05, 0.05, 0.05),
+               window_size_sphere=(4.5, 4.5, 80.0), quant_size_sphere=(4.5 / 24, 4.5 / 24, 80 / 24))
+    torch.manual_seed(1)
+    fused = SphereFormer(SphereFormerConfig(**cfg))
+    step = SphereFormer(SphereFormerConfig(**cfg, attention="step"))
+    step.load_state_dict(fused.state_dict())
+    feats = torch.randn(n, 32, generator=gen)
+    y_fused, y_step = fused(feats, xyz, batch), step(feats, xyz, batch)
+    assert_close("sphereformer fused vs step", y_fused, y_step, 1e-5)
+    y_fused.square().sum().backward()
+    y_step.square().sum().backward()
+    for (name, p), q in zip(fused.named_parameters(), step.parameters()):
+        assert_close(f"grad {name}", p.grad, q.grad, 5e-5)
 
 
 @pytest.mark.parametrize("pe", ["sine", "fourier"])

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import sptr
-from sptr.ops import window_attention as wa
+from sptr.ops import step_attention as wa
 from sptr.reference.window_attention import (
     aggregate_reference,
     pair_logits_reference,

@@ -1,0 +1,446 @@
+// Device building blocks of the fused window attention kernels (tiles, loads, per-warp products, the pair
+// math) and their host-side launch helpers, shared by the forward and backward translation units.
+//
+// A CTA takes a tile of kBM tokens of one head (tiles may straddle windows) and walks the key blocks of
+// the windows its rows belong to, masking pairs across windows. Products go through per-warp 16x16 tiles
+// in shared memory: tensor cores (wmma, fp32 accumulation) for fp16/bf16, plain FMAs for fp32/fp64.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <sptr/checks.h>
+#include <sptr/cuda_utils.cuh>
+
+#include <limits>
+#include <type_traits>
+
+#include "fused_window_attention_host.h"
+
+namespace sptr {
+namespace {  // each translation unit keeps its own copy of these kernels and helpers
+
+
+constexpr int kBM = 32;  // tokens per tile and keys per block
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kLDS = kBM + 4;  // leading dims (elements) of the kBM x kBM score tiles: float / 16-bit
+constexpr int kLDP = kBM + 8;
+
+template <typename T> struct CudaType { using type = T; };
+template <> struct CudaType<at::Half> { using type = __half; };
+template <> struct CudaType<at::BFloat16> { using type = __nv_bfloat16; };
+template <typename T> using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <typename T> constexpr bool kTensorCores = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+
+__device__ __forceinline__ float widen(__half x) { return __half2float(x); }
+__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ double widen(double x) { return x; }
+template <typename T, typename A> __device__ __forceinline__ T narrow(A x) {
+  if constexpr (std::is_same_v<T, __half>) return __float2half_rn(x);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
+  else return static_cast<T>(x);
+}
+template <typename T, typename A> __device__ __forceinline__ A exp_acc(A x) {
+  if constexpr (kTensorCores<T>) return __expf(x);
+  else return exp(x);
+}
+
+// Per-warp 16x16 accumulator tile: C += A(16 x K) · B(K x 16) from shared memory, A stored transposed
+// (column-major) if AT, B if BT.
+template <typename T>
+struct WmmaTile {
+  nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> c;
+  __device__ void zero() { nvcuda::wmma::fill_fragment(c, 0.f); }
+  template <bool AT, bool BT>
+  __device__ void mma(const T* A, int lda, const T* B, int ldb, int K) {
+    using namespace nvcuda::wmma;
+    fragment<matrix_a, 16, 16, 16, T, std::conditional_t<AT, col_major, row_major>> a;
+    fragment<matrix_b, 16, 16, 16, T, std::conditional_t<BT, col_major, row_major>> b;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      load_matrix_sync(a, AT ? A + k0 * lda : A + k0, lda);
+      load_matrix_sync(b, BT ? B + k0 : B + k0 * ldb, ldb);
+      mma_sync(c, a, b, c);
+    }
+  }
+  __device__ void store(float* C, int ldc) const { nvcuda::wmma::store_matrix_sync(C, c, ldc, nvcuda::wmma::mem_row_major); }
+};
+
+template <typename T>
+struct SimtTile {  // lane owns row lane/2, columns (lane%2)·8 + [0, 8)
+  T v[8];
+  __device__ void zero() {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = T(0);
+  }
+  template <bool AT, bool BT>
+  __device__ void mma(const T* A, int lda, const T* B, int ldb, int K) {
+    const int lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * 8;
+    for (int k = 0; k < K; ++k) {
+      const T a = AT ? A[k * lda + r] : A[r * lda + k];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] += a * (BT ? B[(c0 + e) * ldb + k] : B[k * ldb + c0 + e]);
+    }
+  }
+  __device__ void store(T* C, int ldc) const {
+    const int lane = threadIdx.x & 31, r = lane >> 1, c0 = (lane & 1) * 8;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) C[r * ldc + c0 + e] = v[e];
+  }
+};
+
+template <typename T> using Tile = std::conditional_t<kTensorCores<T>, WmmaTile<T>, SimtTile<T>>;
+
+template <typename T>
+struct Args {
+  using A = acc_t<T>;
+  const T *q, *k, *v, *tq, *tk, *tv, *dout, *out;
+  T *o, *dq, *dk, *dv;
+  A *lse, *delta, *dtq, *dtk, *dtv;
+  const A* lse_in;
+  const int32_t* offsets;
+  const int2* bounds;  // [lo, hi) of each token's window
+  int* tile_counter;   // per head, for dynamic tile scheduling
+  int W, N, H, d, L3, L3p;
+  A scale;
+  bool vec;      // rows are 16-byte aligned with d == DP: vector loads
+  bool dynamic;  // backward: tiles handed out by an atomic counter (else a fixed round-robin)
+  RelPosParams rel;
+  __host__ __device__ bool has_rel() const { return rel.coords != nullptr; }
+};
+
+// Bump allocation of the dynamic shared memory; run on the host with a null base to size it.
+struct Bump {
+  uintptr_t base, off = 0;
+  __host__ __device__ explicit Bump(void* b) : base(reinterpret_cast<uintptr_t>(b)) {}
+  template <typename U>
+  __host__ __device__ U* take(size_t n) {
+    off = (off + 127) & ~uintptr_t(127);
+    U* p = reinterpret_cast<U*>(base + off);
+    off += n * sizeof(U);
+    return p;
+  }
+  template <typename U>
+  __host__ __device__ U* take_if(bool cond, size_t n) { return cond ? take<U>(n) : nullptr; }
+};
+
+// Shared memory of one side (queries or keys) of a tile: window bounds, coordinates, radii.
+struct TokenInfo {
+  int *lo, *hi, *coords;
+  float* radius;
+  template <typename T>
+  __host__ __device__ TokenInfo(Bump& b, const Args<T>& a)
+      : lo(b.take<int>(kBM)), hi(b.take<int>(kBM)), coords(b.take_if<int>(a.has_rel(), kBM * 3)),
+        radius(b.take_if<float>(a.rel.radius != nullptr, kBM)) {}
+};
+
+__host__ __device__ constexpr int imax(int x, int y) { return x > y ? x : y; }
+
+template <int DP> constexpr int kLDT = DP + 8;  // leading dim of 16-bit / fp32 feature tiles
+template <int DP> constexpr int kLDO = DP + 4;  // leading dim of the accumulator staging tile
+
+// ------------------------------------------------------------------------------------------ tile helpers
+__device__ __forceinline__ int2 window_of(const int32_t* offsets, int W, int i) {
+  int lo = 0, hi = W - 1;  // largest w with offsets[w] <= i
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (offsets[mid] <= i) lo = mid;
+    else hi = mid - 1;
+  }
+  return make_int2(offsets[lo], offsets[lo + 1]);
+}
+
+// Window bounds, coordinates and radii of tokens [t0, t0 + n) (tokens past n: empty windows).
+// Window of every token, clamped so that lo <= i < hi <= N whatever the offsets hold (memory safety without
+// the Python-side value checks).
+__global__ void token_bounds_kernel(const int32_t* offsets, int W, int N, int2* out) {
+  SPTR_GRID_STRIDE(i, N) {
+    const int2 b = window_of(offsets, W, static_cast<int>(i));
+    out[i] = make_int2(min(max(b.x, 0), (int)i), min(max(b.y, (int)i + 1), N));
+  }
+}
+
+// Coordinates and radii of tokens [t0, t0 + n), and their window bounds if `bounds` (tokens past n: empty).
+template <typename T>
+__device__ void load_token_info(const TokenInfo& s, const Args<T>& a, int t0, int n, bool bounds) {
+  for (int t = threadIdx.x; t < kBM; t += kThreads) {
+    if (bounds) {
+      const int2 b = t < n ? a.bounds[t0 + t] : make_int2(0, 0);
+      s.lo[t] = b.x;
+      s.hi[t] = b.y;
+    }
+    if (a.has_rel())
+      for (int c = 0; c < 3; ++c) s.coords[t * 3 + c] = t < n ? a.rel.coords[(int64_t)(t0 + t) * 3 + c] : 0;
+    if (a.rel.radius) s.radius[t] = t < n ? a.rel.radius[t0 + t] : 0.f;
+  }
+}
+
+// rows x DP tile from global rows row_ptr(r), r < nvalid, into dst[rows][LDT], zero-padded.
+template <int DP, typename T, typename RowPtr>
+__device__ void load_tile(T* dst, int rows, int nvalid, const Args<T>& a, const RowPtr& row_ptr) {
+  if (a.vec) {
+    constexpr int V = 16 / sizeof(T), C = DP / V;
+    for (int idx = threadIdx.x; idx < rows * C; idx += kThreads) {
+      const int r = idx / C, c = (idx % C) * V;
+      uint4 val = make_uint4(0, 0, 0, 0);
+      if (r < nvalid) val = *reinterpret_cast<const uint4*>(row_ptr(r) + c);
+      *reinterpret_cast<uint4*>(dst + r * kLDT<DP> + c) = val;
+    }
+    return;
+  }
+  for (int idx = threadIdx.x; idx < rows * DP; idx += kThreads) {
+    const int r = idx / DP, c = idx % DP;
+    dst[r * kLDT<DP> + c] = (r < nvalid && c < a.d) ? row_ptr(r)[c] : narrow<T>(acc_t<T>(0));
+  }
+}
+
+// Rows [t0, t0 + n) of head h of x (N, H, d) into dst[kBM][LDT].
+template <int DP, typename T>
+__device__ void load_rows(T* dst, const T* x, const Args<T>& a, int t0, int n, int h) {
+  load_tile<DP>(dst, kBM, n, a, [&](int r) { return x + ((int64_t)(t0 + r) * a.H + h) * a.d; });
+}
+
+// Head h of a table (L, 3, H, d) as rows n = rel·3 + a of dst[L3p][LDT].
+template <int DP, typename T>
+__device__ void stage_table(T* dst, const T* table, const Args<T>& a, int h) {
+  load_tile<DP>(dst, a.L3p, a.L3, a, [&](int n) { return table + ((int64_t)n * a.H + h) * a.d; });
+}
+
+// The three table rows of a pair, 10 bits each (so 3L <= 1023 on CUDA): one register instead of three.
+constexpr int kMaxRows3 = 1023;
+__device__ __forceinline__ int table_row(uint32_t rows, int a) { return (rows >> (10 * a)) & 1023u; }
+
+// hist_row[row] += val[e] for the three rows of each valid pair of each thread of a quad (threads sharing one
+// histogram row), the four threads one after another: a fixed summation order, bitwise reproducible.
+template <typename A>
+__device__ __forceinline__ void quad_ordered_add(A* hist_row, const uint32_t (&rows)[8], const A (&val)[8],
+                                                 unsigned valid) {
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    if ((threadIdx.x & 3) == t) {
+      for (int e = 0; e < 8; ++e)
+        if (valid >> e & 1u)
+          for (int c = 0; c < 3; ++c) hist_row[table_row(rows[e], c)] += val[e];
+    }
+    __syncwarp();
+  }
+}
+
+// Persistent backward CTAs: the first / next tile of this CTA, round-robin or from the per-head counter.
+template <typename T>
+__device__ __forceinline__ int next_tile(const Args<T>& a, int current, int* shared_slot) {
+  if (!a.dynamic) return current < 0 ? (int)blockIdx.x : current + (int)gridDim.x;
+  __syncthreads();
+  if (threadIdx.x == 0) *shared_slot = atomicAdd(a.tile_counter + blockIdx.y, 1);
+  __syncthreads();
+  return *shared_slot;
+}
+
+// dst[kBM][col_tiles·16] = X[kBM][DP] · Y[col_tiles·16][DP]ᵀ, spread over the warps.
+template <int DP, typename T>
+__device__ void gemm_nt(acc_t<T>* dst, int ldd, const T* X, const T* Y, int col_tiles) {
+  const int warp = threadIdx.x / 32;
+  for (int t = warp; t < (kBM / 16) * col_tiles; t += kWarps) {
+    const int rt = t / col_tiles, ct = t % col_tiles;
+    Tile<T> c;
+    c.zero();
+    c.template mma<false, true>(X + rt * 16 * kLDT<DP>, kLDT<DP>, Y + ct * 16 * kLDT<DP>, kLDT<DP>, DP);
+    c.store(dst + rt * 16 * ldd + ct * 16, ldd);
+  }
+}
+
+// A warp's share of a kBM x DP accumulator kept in registers across key blocks.
+template <int DP, typename T>
+struct OutTiles {
+  static constexpr int kColTiles = DP / 16, kTiles = (kBM / 16) * kColTiles;
+  static constexpr int kPerWarp = (kTiles + kWarps - 1) / kWarps;
+  Tile<T> t[kPerWarp];
+  __device__ void zero() {
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) t[i].zero();
+  }
+  // += P · Y with P (kBM x kBM) row-major, or transposed (column-major) if PT; Y (kBM x DP) row-major.
+  template <bool PT>
+  __device__ void mma(const T* P, const T* Y) {
+    const int warp = threadIdx.x / 32;
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int tile = warp + i * kWarps;
+      if (tile >= kTiles) break;
+      const int rt = tile / kColTiles, ct = tile % kColTiles;
+      t[i].template mma<PT, false>(PT ? P + rt * 16 : P + rt * 16 * kLDP, kLDP, Y + ct * 16, kLDT<DP>, kBM);
+    }
+  }
+  __device__ void store(acc_t<T>* O) const {
+    const int warp = threadIdx.x / 32;
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int tile = warp + i * kWarps;
+      if (tile >= kTiles) break;
+      t[i].store(O + (tile / kColTiles) * 16 * kLDO<DP> + (tile % kColTiles) * 16, kLDO<DP>);
+    }
+  }
+};
+
+// Packed table rows of pair (query row r of `qs`, key row c of `ks`).
+__device__ __forceinline__ uint32_t pair_rows(const RelPosParams& p, const TokenInfo& qs, const TokenInfo& ks,
+                                              int r, int c) {
+  const float ri = p.radius ? qs.radius[r] : 0.f, rj = p.radius ? ks.radius[c] : 0.f;
+  uint32_t rows = 0;
+#pragma unroll
+  for (int a = 0; a < 3; ++a) rows |= uint32_t(rel_row(p, qs.coords + r * 3, ks.coords + c * 3, ri, rj, a)) << (10 * a);
+  return rows;
+}
+
+// The table-product row `row` of a per-token table in shared memory; a table that is absent gets a
+// stand-in that is never read (branches test the kernel arguments), so no pointer is ever null.
+template <typename A>
+__device__ __forceinline__ const A* products_row(const A* table, int row, int L3p, const A* stand_in) {
+  return table ? table + row * L3p : stand_in;
+}
+
+// Logit of a pair from its q·k score and the table products of its query row and key row.
+template <bool REL, typename T, typename A>
+__device__ __forceinline__ A pair_logit(const Args<T>& a, A qk, const A* qt, const A* kt, uint32_t rows) {
+  A qside = qk, kside = 0;
+  if constexpr (REL) {
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      if (a.tq) qside += qt[table_row(rows, c)];
+      if (a.tk) kside += kt[table_row(rows, c)];
+    }
+  }
+  return a.scale * qside + kside;
+}
+
+// Table gradient of one tile: slot[n][h][c] += f · Σ_r hist[r][n] · X[r][c] into this CTA's own slot of
+// dst (slots, L, 3, H, d), which no other CTA touches (summed over slots on the host).
+template <int DP, typename T>
+__device__ void table_grad(acc_t<T>* dst, const acc_t<T>* hist, const T* X, const Args<T>& a, int h, acc_t<T> f) {
+  using A = acc_t<T>;
+  dst += (int64_t)blockIdx.x * a.L3 * a.H * a.d;
+  for (int idx = threadIdx.x; idx < a.L3 * a.d; idx += kThreads) {
+    const int n = idx / a.d, c = idx % a.d;
+    A g = 0;
+    for (int r = 0; r < kBM; ++r) g += hist[r * a.L3p + n] * widen(X[r * kLDT<DP> + c]);
+    if (g != A(0)) dst[((int64_t)n * a.H + h) * a.d + c] += f * g;
+  }
+}
+
+// out[r][c] = f · (O[r][c] + Σ_n hist[r][n] · Ts[n][c]) (the sum only with_hist) for rows [t0, t0 + n) of head h.
+template <int DP, typename T>
+__device__ void write_rows(T* out, const acc_t<T>* O, bool with_hist, const acc_t<T>* hist, const T* Ts,
+                           const Args<T>& a, int t0, int n, int h, acc_t<T> f) {
+  using A = acc_t<T>;
+  for (int idx = threadIdx.x; idx < n * a.d; idx += kThreads) {
+    const int r = idx / a.d, c = idx % a.d;
+    A val = O[r * kLDO<DP> + c];
+    if (with_hist)
+      for (int m = 0; m < a.L3; ++m) val += hist[r * a.L3p + m] * widen(Ts[m * kLDT<DP> + c]);
+    out[((int64_t)(t0 + r) * a.H + h) * a.d + c] = narrow<T>(f * val);
+  }
+}
+
+template <typename A>
+__device__ void zero_smem(A* p, int n) {
+  for (int i = threadIdx.x; i < n; i += kThreads) p[i] = A(0);
+}
+
+// ----------------------------------------------------------------------------------------------- host
+template <typename Smem, typename T>
+size_t smem_bytes(const Args<T>& a) {
+  Bump b(nullptr);
+  Smem s(b, a);
+  (void)s;
+  return b.off + 128;
+}
+
+// Dynamic shared memory of `kernel`, after checking it fits; opts in above the 48 KB default.
+template <typename Smem, typename T>
+size_t prepare(void (*kernel)(const Args<T>), const Args<T>& a, const char* name) {
+  const size_t bytes = smem_bytes<Smem>(a);
+  const auto* prop = at::cuda::getCurrentDeviceProperties();
+  SPTR_CHECK_VALUE(bytes <= prop->sharedMemPerBlockOptin, name, ": head_dim ", a.d, " with table length ",
+                    a.L3 / 3, " needs ", bytes, " bytes of shared memory, the device has ",
+                    prop->sharedMemPerBlockOptin, "; use shorter tables or the step-by-step ops");
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  return bytes;
+}
+
+template <typename T>
+void launch(void (*kernel)(const Args<T>), const Args<T>& a, int grid_x, size_t bytes) {
+  kernel<<<dim3(grid_x, a.H), kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Backward CTAs are persistent (each owns a slot of the table-gradient partials): as many as fit at once.
+template <typename T>
+int persistent_grid(void (*kernel)(const Args<T>), const Args<T>& a, size_t bytes, int ntiles) {
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, bytes));
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return std::max(1, std::min(ntiles, std::max(1, per_sm) * sms / a.H));
+}
+
+// f(std::integral_constant<bool, rel>) for the kernels with or without relative-position tables.
+template <typename F>
+void dispatch_rel(const FusedOperands& o, const F& f) {
+  SPTR_CHECK_VALUE(3 * o.L <= kMaxRows3, "window_attention on CUDA supports tables of up to ", kMaxRows3 / 3,
+                    " rows, got L = ", o.L);
+  if (o.has_rel()) f(std::true_type());
+  else f(std::false_type());
+}
+
+template <typename F>
+void dispatch_head_dim(int64_t d, const F& f) {
+  SPTR_CHECK_VALUE(d >= 1 && d <= 128, "window_attention on CUDA supports head_dim 1..128, got ", d);
+  if (d <= 16) f(std::integral_constant<int, 16>());
+  else if (d <= 32) f(std::integral_constant<int, 32>());
+  else if (d <= 64) f(std::integral_constant<int, 64>());
+  else f(std::integral_constant<int, 128>());
+}
+
+bool aligned16(const at::Tensor& t) { return !t.defined() || reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0; }
+
+template <typename T, typename S>
+Args<T> make_args(const FusedOperands& o, double scale, const at::Tensor& bounds) {
+  Args<T> a{};
+  auto c = [](const at::Tensor& t) { return t.defined() ? reinterpret_cast<const T*>(t.const_data_ptr<S>()) : nullptr; };
+  a.q = c(o.q);
+  a.k = c(o.k);
+  a.v = c(o.v);
+  a.tq = c(o.table_q);
+  a.tk = c(o.table_k);
+  a.tv = c(o.table_v);
+  a.offsets = o.offsets.const_data_ptr<int32_t>();
+  a.bounds = reinterpret_cast<const int2*>(bounds.const_data_ptr<int32_t>());
+  a.W = static_cast<int>(o.W);
+  a.N = static_cast<int>(o.N);
+  a.H = static_cast<int>(o.H);
+  a.d = static_cast<int>(o.d);
+  a.L3 = static_cast<int>(3 * o.L);
+  a.L3p = (a.L3 + 15) / 16 * 16;
+  a.scale = static_cast<acc_t<T>>(scale);
+  a.rel = o.rel_params();
+  const bool pow2 = a.d == 16 || a.d == 32 || a.d == 64 || a.d == 128;
+  a.vec = pow2 && aligned16(o.q) && aligned16(o.k) && aligned16(o.v) && aligned16(o.table_q) &&
+          aligned16(o.table_k) && aligned16(o.table_v);
+  return a;
+}
+
+int num_tiles(const FusedOperands& o) { return static_cast<int>((o.N + kBM - 1) / kBM); }
+
+at::Tensor token_bounds(const FusedOperands& o) {
+  at::Tensor bounds = at::empty({o.N, 2}, o.offsets.options());
+  if (o.N > 0) {
+    token_bounds_kernel<<<grid_for(o.N, 256), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+        o.offsets.const_data_ptr<int32_t>(), static_cast<int>(o.W), static_cast<int>(o.N),
+        reinterpret_cast<int2*>(bounds.data_ptr<int32_t>()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return bounds;
+}
+
+}  // namespace
+}  // namespace sptr

@@ -1,0 +1,162 @@
+"""Fused window attention: flash-attention-style over variable-size windows, relative-position tables inside.
+
+Tokens are sorted by window; ``window_offsets (W+1)`` delimits window ``w`` as tokens
+``[window_offsets[w], window_offsets[w+1])``. Only the output and the per-row log-sum-exp are stored; the
+backward recomputes the attention, so nothing of size ``M = Σ n_w²`` is ever allocated.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+import sptr._C  # noqa: F401  (registers torch.ops.sptr)
+
+from ._checks import FLOATING, INDEX, check_offsets, check_shape, check_tensor, data_checks_enabled
+
+_ops = torch.ops.sptr
+
+
+@dataclasses.dataclass(frozen=True)
+class RelativePosition:
+    """SparseTransformer's contextual relative-position encoding, described per token (sorted order).
+
+    ``rel_a(i, j) = coords[i, a] − coords[j, a] + rel_shift`` indexes column ``a`` of the ``(L, 3, h, d)``
+    tables; with ``radius`` given, column 2 is instead SphereFormer's exponential bin of ``radius[i] −
+    radius[j]`` with bin width ``radial_a`` (``exponential_split``), clamped to ``[0, L−1]``. Any table may be
+    None: the query/key tables add ``scale·q_i·E_Tq + k_j·E_Tk`` to the logits, the value table adds
+    ``Σ_j p_ij·E_Tv`` to the output.
+    """
+
+    coords: Tensor
+    rel_shift: int
+    query_table: Tensor | None = None
+    key_table: Tensor | None = None
+    value_table: Tensor | None = None
+    radius: Tensor | None = None
+    radial_a: float = 0.0
+
+    def tables(self):
+        return self.query_table, self.key_table, self.value_table
+
+
+# ----------------------------------------------------------------------------------------------- fake kernels
+@torch.library.register_fake("sptr::window_attention_fwd")
+def _fwd_fake(q, k, v, window_offsets, coords, radius, table_q, table_k, table_v, rel_shift, radial_a, scale,
+              deterministic):
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=acc)
+
+
+@torch.library.register_fake("sptr::window_attention_bwd")
+def _bwd_fake(grad_out, q, k, v, out, lse, window_offsets, coords, radius, table_q, table_k, table_v, rel_shift,
+              radial_a, scale, deterministic):
+    like = lambda t: q.new_empty(0) if t is None else t.new_empty(t.shape)  # noqa: E731
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), like(table_q), like(table_k),
+            like(table_v))
+
+
+# --------------------------------------------------------------------------------------------------- autograd
+def _setup(ctx, inputs, output):
+    q, k, v, offsets, coords, radius, tq, tk, tv, rel_shift, radial_a, scale, deterministic = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, offsets, coords, radius, tq, tk, tv)
+    ctx.params = (rel_shift, radial_a, scale, deterministic)
+    ctx.has_table = (tq is not None, tk is not None, tv is not None)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, offsets, coords, radius, tq, tk, tv = ctx.saved_tensors
+    rel_shift, radial_a, scale, deterministic = ctx.params
+    dq, dk, dv, dtq, dtk, dtv = _ops.window_attention_bwd(grad_out.contiguous(), q, k, v, out, lse, offsets, coords,
+                                                          radius, tq, tk, tv, rel_shift, radial_a, scale,
+                                                          deterministic)
+    tables = [g if has else None for g, has in zip((dtq, dtk, dtv), ctx.has_table)]
+    return (dq, dk, dv, None, None, None, *tables, None, None, None, None)
+
+
+torch.library.register_autograd("sptr::window_attention_fwd", _backward, setup_context=_setup)
+
+
+# ----------------------------------------------------------------------------------------------- entry point
+def _check_rel_pos(rel_pos: RelativePosition, n: int, h: int, d: int, device) -> None:
+    if not isinstance(rel_pos, RelativePosition):
+        raise TypeError(f"rel_pos must be a RelativePosition or None, got {type(rel_pos).__name__}")
+    check_tensor("rel_pos.coords", rel_pos.coords, dim=2, dtypes=INDEX, device=device)
+    check_shape("rel_pos.coords", rel_pos.coords, (n, 3))
+    tables = [(name, t) for name, t in zip(("query_table", "key_table", "value_table"), rel_pos.tables())
+              if t is not None]
+    if not tables:
+        raise ValueError("rel_pos needs at least one of query_table, key_table, value_table")
+    length = tables[0][1].shape[0] if tables[0][1].dim() == 4 else None
+    for name, t in tables:
+        check_tensor(f"rel_pos.{name}", t, dim=4, dtypes=FLOATING, device=device)
+        check_shape(f"rel_pos.{name}", t, (length, 3, h, d))
+    if length < 1:
+        raise ValueError("rel_pos tables must have L >= 1 rows")
+    if rel_pos.radius is not None:
+        check_tensor("rel_pos.radius", rel_pos.radius, dim=1, device=device)
+        check_shape("rel_pos.radius", rel_pos.radius, (n,))
+        if not rel_pos.radial_a > 0:
+            raise ValueError(f"rel_pos.radial_a must be > 0 with a radius, got {rel_pos.radial_a}")
+    shift = int(rel_pos.rel_shift)
+    if 2 * shift > length - 1 or shift < 0:
+        raise ValueError(f"rel_pos.rel_shift must be in [0, (L-1)/2] so that coords_i - coords_j + rel_shift "
+                         f"stays in [0, L-1] (L = {length}), got {shift}")
+    if data_checks_enabled() and n:
+        linear = rel_pos.coords if rel_pos.radius is None else rel_pos.coords[:, :2]
+        lo, hi = int(linear.min()), int(linear.max())
+        if lo < 0 or hi > shift:
+            raise ValueError(f"rel_pos.coords must be in [0, rel_shift = {shift}], got values in [{lo}, {hi}]")
+
+
+def _autocast_dtype(device: torch.device):
+    kind = device.type
+    if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return None
+
+
+def window_attention(q: Tensor, k: Tensor, v: Tensor, window_offsets: Tensor, *,
+                     rel_pos: RelativePosition | None = None, scale: float | None = None,
+                     deterministic: bool = False) -> Tensor:
+    """Softmax attention of ``q, k, v (N, h, d)`` within each window; returns ``(N, h, d)``.
+
+    ``scale`` (default ``d**-0.5``) multiplies the query side of the logits: ``scale·(q·k + q·E_Tq) + k·E_Tk``,
+    i.e. SparseTransformer's pre-scaled query. Differentiable in q, k, v and the tables. Under autocast the
+    floating inputs are cast to the autocast dtype (as ``scaled_dot_product_attention``); otherwise they must
+    share one dtype. ``deterministic=True`` makes the table gradients bitwise reproducible on CUDA (they are
+    otherwise summed with atomics); q/k/v gradients always are.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, dim=3, dtypes=FLOATING, device=q.device if name != "q" else None)
+        if t.shape != q.shape:
+            raise ValueError(f"q, k and v must have the same shape (N, h, d), got {tuple(q.shape)}, "
+                             f"{tuple(k.shape)}, {tuple(v.shape)}")
+    n, h, d = q.shape
+    check_tensor("window_offsets", window_offsets, dim=1, dtypes=INDEX, device=q.device)
+    check_offsets("window_offsets", window_offsets, n)
+    if rel_pos is not None:
+        _check_rel_pos(rel_pos, n, h, d, q.device)
+    tables = rel_pos.tables() if rel_pos is not None else (None, None, None)
+    dtype = _autocast_dtype(q.device)
+    floats = [t for t in (q, k, v, *tables) if t is not None]
+    if dtype is None:
+        dtype = q.dtype
+        odd = next((t for t in floats if t.dtype != dtype), None)
+        if odd is not None:
+            raise TypeError(f"q, k, v and the rel_pos tables must share one dtype, got {q.dtype} and {odd.dtype} "
+                            "(cast them, or run under autocast)")
+    cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+    coords = radius = None
+    rel_shift, radial_a = 0, 0.0
+    if rel_pos is not None:
+        coords = rel_pos.coords.to(torch.int32)
+        rel_shift = int(rel_pos.rel_shift)
+        if rel_pos.radius is not None:
+            radius, radial_a = rel_pos.radius.to(torch.float32), float(rel_pos.radial_a)
+    scale = d ** -0.5 if scale is None else float(scale)
+    out, _ = _ops.window_attention_fwd(cast(q), cast(k), cast(v), window_offsets, coords, radius,
+                                       *(cast(t) for t in tables), rel_shift, radial_a, scale, bool(deterministic))
+    return out

@@ -1,0 +1,243 @@
+"""Fused window attention against the float64 dense reference and against the step-by-step ops."""
+import pytest
+import torch
+
+from sptr.ops import RelativePosition, data_checks, window_attention
+from sptr.ops.sparse_attention import sparse_self_attention
+from sptr.ops.windowing import get_indices_params, quantised_coords, window_partition
+from sptr.reference.fused_window_attention import window_attention_reference
+from tests.helpers import TABLE_TOLERANCE, TOLERANCE, assert_close, device_params
+
+# Windows of 1 token, several that straddle a 32-token tile, one spanning three tiles, one empty.
+COUNTS = [1, 5, 33, 2, 0, 70, 1, 17, 40]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TABLE_SETS = {"none": (), "qk": ("query", "key"), "qkv": ("query", "key", "value"), "v": ("value",),
+              "q": ("query",)}
+
+
+def offsets_of(counts, device):
+    o = torch.zeros(len(counts) + 1, dtype=torch.int32)
+    o[1:] = torch.cumsum(torch.tensor(counts), 0)
+    return o.to(device)
+
+
+def make_case(counts, h, d, dtype, device, tables=(), radial=False, seed=0, qgl=4):
+    gen = torch.Generator().manual_seed(seed)
+    n = sum(counts)
+    rnd = lambda *s: torch.randn(*s, generator=gen).to(dtype).to(device)  # noqa: E731
+    q, k, v = rnd(n, h, d), rnd(n, h, d), rnd(n, h, d)
+    rel_pos = None
+    if tables:
+        length = 2 * qgl - 1 + (1 if radial else 0)
+        coords = torch.randint(0, qgl, (n, 3), generator=gen, dtype=torch.int32).to(device)
+        named = {f"{t}_table": rnd(length, 3, h, d) * 0.5 for t in tables}
+        extra = {}
+        if radial:
+            extra = dict(radius=(torch.rand(n, generator=gen) * 2.0).to(device), radial_a=0.0125 * 4)
+        rel_pos = RelativePosition(coords, qgl - 1, **named, **extra)
+    return q, k, v, offsets_of(counts, device), rel_pos
+
+
+def rel_with(rel_pos, tables):
+    """rel_pos with its tables replaced (None stays None)."""
+    if rel_pos is None:
+        return None
+    tq, tk, tv = tables
+    return RelativePosition(rel_pos.coords, rel_pos.rel_shift, tq, tk, tv, rel_pos.radius, rel_pos.radial_a)
+
+
+def leaves(q, k, v, rel_pos, dtype=None):
+    conv = lambda t: None if t is None else t.detach().to(dtype or t.dtype).requires_grad_(True)  # noqa: E731
+    ql, kl, vl = conv(q), conv(k), conv(v)
+    tabs = [conv(t) for t in rel_pos.tables()] if rel_pos is not None else [None] * 3
+    return ql, kl, vl, tabs, rel_with(rel_pos, tabs)
+
+
+def run_with_grads(fn, q, k, v, rel_pos, upstream, dtype=None, **kw):
+    ql, kl, vl, tabs, rp = leaves(q, k, v, rel_pos, dtype)
+    out = fn(ql, kl, vl, rp, **kw)
+    out.backward(upstream.to(out.dtype))
+    return out, [ql.grad, kl.grad, vl.grad] + [t.grad if t is not None else None for t in tabs]
+
+
+def fused(offsets, scale):
+    return lambda q, k, v, rp, **kw: window_attention(q, k, v, offsets, rel_pos=rp, scale=scale, **kw)
+
+
+def reference(offsets, scale):
+    return lambda q, k, v, rp: window_attention_reference(q, k, v, offsets, rp, scale)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tables,radial", [(t, False) for t in TABLE_SETS] + [("qk", True), ("qkv", True),
+                                                                                  ("v", True)])
+def test_forward_backward_match_reference(device, dtype, tables, radial):
+    q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, dtype, device, TABLE_SETS[tables], radial)
+    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    out, grads = run_with_grads(fused(offsets, 0.3), q, k, v, rel_pos, upstream)
+    ref, ref_grads = run_with_grads(reference(offsets, 0.3), q, k, v, rel_pos, upstream, dtype=torch.float64)
+    assert out.dtype == dtype
+    assert_close("out", out, ref, TOLERANCE[dtype])
+    for name, g, r in zip(["dq", "dk", "dv", "dTq", "dTk", "dTv"], grads, ref_grads):
+        if r is None:
+            assert g is None
+            continue
+        assert g.dtype == dtype
+        assert_close(name, g, r, (TABLE_TOLERANCE if name.startswith("dT") else TOLERANCE)[dtype])
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("d", [8, 32, 48, 64, 128])
+def test_head_dims(device, d):
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    q, k, v, offsets, rel_pos = make_case([3, 40, 9], 3, d, dtype, device, ("query", "key", "value"))
+    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(device)
+    out, grads = run_with_grads(fused(offsets, d ** -0.5), q, k, v, rel_pos, upstream)
+    ref, ref_grads = run_with_grads(reference(offsets, d ** -0.5), q, k, v, rel_pos, upstream,
+                                    dtype=torch.float64)
+    assert_close("out", out, ref, TOLERANCE[dtype])
+    for name, g, r in zip(["dq", "dk", "dv", "dTq", "dTk", "dTv"], grads, ref_grads):
+        assert_close(name, g, r, (TABLE_TOLERANCE if name.startswith("dT") else TOLERANCE)[dtype])
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_large_window_and_batch_of_clouds(device):
+    """One window of 1,500 tokens (47 key blocks) next to many small ones, as batched scans give."""
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    counts = [1500] + [3, 1, 7] * 20
+    q, k, v, offsets, rel_pos = make_case(counts, 2, 32, dtype, device, ("query", "key", "value"), seed=3)
+    out = window_attention(q, k, v, offsets, rel_pos=rel_pos)
+    ref = window_attention_reference(*(t.double() for t in (q, k, v)), offsets,
+                                     rel_with(rel_pos, [t.double() for t in rel_pos.tables()]))
+    assert_close("out", out, ref, TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_matches_step_by_step_sparse_self_attention(device):
+    """Contextual mode on a real window layout equals sparse_self_attention's step ops to rounding."""
+    gen = torch.Generator().manual_seed(5)
+    n, h, d = 600, 2, 16
+    xyz = (torch.rand(n, 3, generator=gen) * torch.tensor([2.0, 2.0, 0.6])).to(device)
+    batch = (torch.arange(n) >= 350).long().to(device)
+    window, quant = 0.6, 0.6 / 6
+    q, k, v = (torch.randn(n, h, d, generator=gen).to(device) for _ in range(3))
+    tables = [(torch.randn(11, 3, h, d, generator=gen) * 0.1).to(device) for _ in range(3)]
+    for shift in (False, True):
+        i0, o0, n_max, i1, o1, sort_idx = get_indices_params(xyz, batch, window, shift)
+        step = sparse_self_attention(q * d ** -0.5, k, v, xyz, i0, o0, n_max, i1, o1, sort_idx, window, shift,
+                                     pe_type="contextual", rel_query=True, rel_key=True, rel_value=True,
+                                     quant_size=quant, quant_grid_length=6, relative_pos_query_table=tables[0],
+                                     relative_pos_key_table=tables[1], relative_pos_value_table=tables[2])
+        order, offsets = window_partition(xyz, batch, window, shift)
+        assert torch.equal(order, sort_idx)
+        coords = quantised_coords(xyz[order], window, quant, shift)
+        rp = RelativePosition(coords, 5, *tables)
+        out_sorted = window_attention(q[order], k[order], v[order], offsets, rel_pos=rp, scale=d ** -0.5)
+        out = torch.empty_like(out_sorted).index_copy_(0, order, out_sorted)
+        assert_close(f"shift={shift}", out, step, TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_empty_input(device):
+    q = torch.zeros(0, 2, 16, device=device, requires_grad=True)
+    out = window_attention(q, q, q, torch.zeros(1, dtype=torch.int32, device=device))
+    assert out.shape == (0, 2, 16)
+    out.sum().backward()
+    assert q.grad.shape == q.shape
+
+
+def test_opcheck_and_gradcheck_cpu():
+    q, k, v, offsets, rel_pos = make_case([1, 4, 6, 0, 3], 2, 5, torch.float64, "cpu",
+                                          ("query", "key", "value"), radial=True, qgl=3)
+    tq, tk, tv = rel_pos.tables()
+    args = (q, k, v, offsets, rel_pos.coords, rel_pos.radius.float(), tq, tk, tv, rel_pos.rel_shift,
+            rel_pos.radial_a, 0.7, False)
+    torch.library.opcheck(torch.ops.sptr.window_attention_fwd.default, args)
+    plain = (q, k, v, offsets, None, None, None, None, None, 0, 0.0, 0.7, False)
+    torch.library.opcheck(torch.ops.sptr.window_attention_fwd.default, plain)
+
+    def f(q, k, v, tq, tk, tv):
+        return window_attention(q, k, v, offsets, rel_pos=rel_with(rel_pos, (tq, tk, tv)), scale=0.7)
+
+    inputs = [t.detach().clone().requires_grad_(True) for t in (q, k, v, tq, tk, tv)]
+    assert torch.autograd.gradcheck(f, inputs)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_opcheck_cuda():
+    q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, torch.float16, "cuda", ("query", "key", "value"))
+    tq, tk, tv = rel_pos.tables()
+    args = (q, k, v, offsets, rel_pos.coords, None, tq, tk, tv, rel_pos.rel_shift, 0.0, 0.25, False)
+    torch.library.opcheck(torch.ops.sptr.window_attention_fwd.default, args)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_deterministic_backward_is_bitwise_reproducible(dtype):
+    counts = [300] * 8 + [5] * 50
+    q, k, v, offsets, rel_pos = make_case(counts, 4, 16, dtype, "cuda", ("query", "key", "value"), seed=7,
+                                          qgl=6)
+    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(8)).to("cuda")
+    runs = [run_with_grads(fused(offsets, 0.25), q, k, v, rel_pos, upstream, deterministic=True)[1]
+            for _ in range(3)]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    atomic = run_with_grads(fused(offsets, 0.25), q, k, v, rel_pos, upstream)[1]
+    for a, b in zip(runs[0], atomic):  # same values, up to the order of the table sums
+        assert_close("deterministic vs atomic", a, b.to(a.dtype), TABLE_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_autocast_runs_in_the_autocast_dtype(device):
+    q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, torch.float32, device, ("query", "key", "value"))
+    low = torch.bfloat16
+    with torch.autocast(device, dtype=low):
+        out = window_attention(q, k, v, offsets, rel_pos=rel_pos)
+    assert out.dtype == low
+    expected = window_attention(q.to(low), k.to(low), v.to(low), offsets,
+                                rel_pos=rel_with(rel_pos, [t.to(low) for t in rel_pos.tables()]))
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_bad_input_raises_clear_errors(device):
+    q, k, v, offsets, rel_pos = make_case([3, 4], 2, 16, torch.float32, device, ("query", "key"))
+    with pytest.raises(ValueError, match="window_offsets must start at 0 and end at 7"):
+        window_attention(q, k, v, offsets[:-1])
+    with pytest.raises(ValueError, match="same shape"):
+        window_attention(q, k[:3], v, offsets)
+    with pytest.raises(TypeError, match="share one dtype"):
+        window_attention(q, k.double(), v, offsets)
+    with pytest.raises(ValueError, match="rel_pos.coords must be in"):
+        window_attention(q, k, v, offsets, rel_pos=RelativePosition(rel_pos.coords + 5, rel_pos.rel_shift,
+                                                                   *rel_pos.tables()))
+    with pytest.raises(ValueError, match="rel_pos.query_table must have shape"):
+        window_attention(q, k, v, offsets, rel_pos=RelativePosition(rel_pos.coords, rel_pos.rel_shift,
+                                                                   rel_pos.query_table[:, :2], None))
+    with pytest.raises(ValueError, match="rel_shift"):
+        window_attention(q, k, v, offsets, rel_pos=RelativePosition(rel_pos.coords, 9, *rel_pos.tables()))
+    with pytest.raises(ValueError, match="window_offsets must be non-decreasing"):
+        window_attention(q, k, v, torch.tensor([0, 5, 2, 7], dtype=torch.int32, device=device))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_head_dim_limit_is_an_error():
+    q = torch.randn(4, 1, 136, device="cuda", dtype=torch.float16)
+    with pytest.raises(ValueError, match="head_dim 1..128"):
+        window_attention(q, q, q, torch.tensor([0, 4], dtype=torch.int32, device="cuda"))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_unchecked_bad_coords_stay_in_bounds(device):
+    """Without the value checks, coordinates out of range are clamped in the kernel, never read past the
+    tables (the result is unspecified but finite)."""
+    q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, torch.float32, device, ("query", "key", "value"))
+    wild = RelativePosition(rel_pos.coords * 1000 - 7, rel_pos.rel_shift, *rel_pos.tables())
+    with data_checks(False):
+        out = window_attention(q, k, v, offsets, rel_pos=wild)
+    assert torch.isfinite(out).all()
