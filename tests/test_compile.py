@@ -21,6 +21,17 @@ def counted(fn):
     return torch.compile(fn, backend=backend, fullgraph=True), graphs
 
 
+def assert_one_graph_with_backward(fn, *leaves):
+    """fn compiles to one graph, matches eager, and its backward reaches every leaf."""
+    compiled, graphs = counted(fn)
+    out = compiled(*leaves)
+    out.square().sum().backward()
+    eager = fn(*(t.detach().requires_grad_() for t in leaves))
+    assert len(graphs) == 1
+    assert torch.allclose(out, eager, atol=1e-6)
+    assert all(t.grad is not None for t in leaves)
+
+
 def test_window_attention_compiles_to_one_graph():
     torch._dynamo.reset()
     counts = torch.tensor([3, 1, 4, 2])
@@ -33,13 +44,7 @@ def test_window_attention_compiles_to_one_graph():
         logits = pair_logits(q * 0.25, k, i0, i1, table, table, rel)
         return aggregate(segment_softmax(logits, o0), v, o0, i1, table, rel)
 
-    compiled, graphs = counted(attend)
-    out = compiled(q, k, v, table)
-    out.square().sum().backward()
-    eager = attend(*(t.detach().requires_grad_() for t in (q, k, v, table)))
-    assert len(graphs) == 1
-    assert torch.allclose(out, eager, atol=1e-6)
-    assert q.grad is not None and table.grad is not None
+    assert_one_graph_with_backward(attend, q, k, v, table)
 
 
 def test_fused_window_attention_compiles_to_one_graph():
@@ -53,13 +58,7 @@ def test_fused_window_attention_compiles_to_one_graph():
         rel_pos = sptr.ops.RelativePosition(coords, 2, table, table, table)
         return sptr.ops.window_attention(q, k, v, offsets, rel_pos=rel_pos, scale=0.25)
 
-    compiled, graphs = counted(attend)
-    out = compiled(q, k, v, table)
-    out.square().sum().backward()
-    eager = attend(*(t.detach().requires_grad_() for t in (q, k, v, table)))
-    assert len(graphs) == 1
-    assert torch.allclose(out, eager, atol=1e-6)
-    assert q.grad is not None and table.grad is not None
+    assert_one_graph_with_backward(attend, q, k, v, table)
 
 
 def test_rope_compiles_to_one_graph():

@@ -19,6 +19,27 @@ def points(n=400, seed=0):
     return xyz, batch, torch.randn(n, 32, generator=gen)
 
 
+def ring_scan(n, gen):
+    """Points on a ring 2-10 m around the sensor, 1.2-1.7 m below it (a LiDAR-like layout)."""
+    ang = torch.rand(n, generator=gen) * 6.283
+    rad = 2 + 8 * torch.rand(n, generator=gen)
+    return torch.stack([rad * ang.cos(), rad * ang.sin(), torch.rand(n, generator=gen) * 0.5 - 1.7], 1)
+
+
+def assert_paths_agree(fused, step, run, zero_grad=()):
+    """Same outputs and parameter gradients from the fused and the step-by-step module; parameters named in
+    `zero_grad` have a gradient that is 0 up to rounding in both."""
+    y_fused, y_step = run(fused), run(step)
+    assert_close("fused vs step", y_fused, y_step, 1e-5)
+    y_fused.square().sum().backward()
+    y_step.square().sum().backward()
+    for (name, p), q in zip(fused.named_parameters(), step.parameters()):
+        if name in zero_grad:
+            assert p.grad.abs().max() < 1e-5 and q.grad.abs().max() < 1e-5
+        else:
+            assert_close(f"grad {name}", p.grad, q.grad, 5e-5)
+
+
 def test_contextual_pe_type_is_used_and_trained():
     """Published VarLengthMultiheadSA drops pe_type (D5): here the tables change the output and get gradients."""
     xyz, batch, feats = points()
@@ -60,24 +81,16 @@ def test_fused_and_step_paths_agree(pe):
     fused = sptr.VarLengthMultiheadSA(32, 2, "k", 0.3, pe_type=pe, **extra)
     step = sptr.VarLengthMultiheadSA(32, 2, "k", 0.3, pe_type=pe, attention="step", **extra)
     step.load_state_dict(fused.state_dict())
-    t = lambda: sptr.SparseTrTensor(feats, torch.cat([batch[:, None].float(), xyz], 1), None, 2)  # noqa: E731
-    y_fused, y_step = fused(t()).query_feats, step(t()).query_feats
-    assert_close("fused vs step", y_fused, y_step, 1e-5)
-    y_fused.square().sum().backward()
-    y_step.square().sum().backward()
-    for (name, p), q in zip(fused.named_parameters(), step.parameters()):
-        if name == "k.bias" and pe == "none":  # q·b_k shifts a whole softmax row: its gradient is 0 up to rounding
-            assert p.grad.abs().max() < 1e-5 and q.grad.abs().max() < 1e-5
-            continue
-        assert_close(f"grad {name}", p.grad, q.grad, 5e-5)
+    indices = torch.cat([batch[:, None].float(), xyz], 1)
+    # Without tables, q·b_k shifts a whole softmax row: the k bias gradient is 0 up to rounding.
+    assert_paths_agree(fused, step, lambda m: m(sptr.SparseTrTensor(feats, indices, None, 2)).query_feats,
+                       zero_grad=("k.bias",) if pe == "none" else ())
 
 
 def test_sphereformer_fused_and_step_paths_agree():
     gen = torch.Generator().manual_seed(6)
     n = 400
-    ang = torch.rand(n, generator=gen) * 6.283
-    rad = 2 + 8 * torch.rand(n, generator=gen)
-    xyz = torch.stack([rad * ang.cos(), rad * ang.sin(), torch.rand(n, generator=gen) * 0.5 - 1.7], 1)
+    xyz = ring_scan(n, gen)
     batch = (torch.arange(n) >= 250).long()
     cfg = dict(dim=32, num_heads=2, window_size=(1.2, 1.2, 1.2), quant_size=(0.05, 0.05, 0.05),
                window_size_sphere=(4.5, 4.5, 80.0), quant_size_sphere=(4.5 / 24, 4.5 / 24, 80 / 24))
@@ -86,12 +99,7 @@ def test_sphereformer_fused_and_step_paths_agree():
     step = SphereFormer(SphereFormerConfig(**cfg, attention="step"))
     step.load_state_dict(fused.state_dict())
     feats = torch.randn(n, 32, generator=gen)
-    y_fused, y_step = fused(feats, xyz, batch), step(feats, xyz, batch)
-    assert_close("sphereformer fused vs step", y_fused, y_step, 1e-5)
-    y_fused.square().sum().backward()
-    y_step.square().sum().backward()
-    for (name, p), q in zip(fused.named_parameters(), step.parameters()):
-        assert_close(f"grad {name}", p.grad, q.grad, 5e-5)
+    assert_paths_agree(fused, step, lambda m: m(feats, xyz, batch))
 
 
 @pytest.mark.parametrize("pe", ["sine", "fourier"])
@@ -140,9 +148,7 @@ def test_exponential_split_bins():
 def test_sphereformer_attention_matches_reference_branches():
     gen = torch.Generator().manual_seed(4)
     n = 500
-    ang = torch.rand(n, generator=gen) * 6.283
-    rad = 2 + 8 * torch.rand(n, generator=gen)
-    xyz = torch.stack([rad * ang.cos(), rad * ang.sin(), torch.rand(n, generator=gen) * 0.5 - 1.7], 1)
+    xyz = ring_scan(n, gen)
     batch = torch.zeros(n, dtype=torch.long)
     cfg = SphereFormerConfig(dim=32, num_heads=2, window_size=(1.2, 1.2, 1.2), quant_size=(0.05, 0.05, 0.05),
                              window_size_sphere=(4.5, 4.5, 80.0), quant_size_sphere=(4.5 / 24, 4.5 / 24, 80 / 24))

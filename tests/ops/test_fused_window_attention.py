@@ -241,3 +241,10 @@ def test_unchecked_bad_coords_stay_in_bounds(device):
     with data_checks(False):
         out = window_attention(q, k, v, offsets, rel_pos=wild)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_unchecked_offsets_without_windows_raise(device):
+    q = torch.randn(3, 1, 16, device=device)
+    with data_checks(False), pytest.raises(ValueError, match="no window"):
+        window_attention(q, q, q, torch.zeros(1, dtype=torch.int32, device=device))

@@ -38,6 +38,7 @@ struct FusedOperands {
     SPTR_CHECK_INDEX_DTYPE(offsets_);
     SPTR_CHECK_SAME_DEVICE(offsets_, q_);
     W = offsets_.numel() - 1;
+    SPTR_CHECK_VALUE(W >= 1 || N == 0, "window_offsets has no window (shape (1,)) but there are ", N, " tokens");
     q = q_.contiguous();
     k = k_.contiguous();
     v = v_.contiguous();

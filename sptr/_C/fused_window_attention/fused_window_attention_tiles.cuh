@@ -99,10 +99,9 @@ struct Args {
   T *o, *dq, *dk, *dv;
   A *lse, *delta, *dtq, *dtk, *dtv;
   const A* lse_in;
-  const int32_t* offsets;
   const int2* bounds;  // [lo, hi) of each token's window
   int* tile_counter;   // per head, for dynamic tile scheduling
-  int W, N, H, d, L3, L3p;
+  int N, H, d, L3, L3p;
   A scale;
   bool vec;      // rows are 16-byte aligned with d == DP: vector loads
   bool dynamic;  // backward: tiles handed out by an atomic counter (else a fixed round-robin)
@@ -413,9 +412,7 @@ Args<T> make_args(const FusedOperands& o, double scale, const at::Tensor& bounds
   a.tq = c(o.table_q);
   a.tk = c(o.table_k);
   a.tv = c(o.table_v);
-  a.offsets = o.offsets.const_data_ptr<int32_t>();
   a.bounds = reinterpret_cast<const int2*>(bounds.const_data_ptr<int32_t>());
-  a.W = static_cast<int>(o.W);
   a.N = static_cast<int>(o.N);
   a.H = static_cast<int>(o.H);
   a.d = static_cast<int>(o.d);
