@@ -248,3 +248,15 @@ def test_unchecked_offsets_without_windows_raise(device):
     q = torch.randn(3, 1, 16, device=device)
     with data_checks(False), pytest.raises(ValueError, match="no window"):
         window_attention(q, q, q, torch.zeros(1, dtype=torch.int32, device=device))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_window_of_thousands_of_tokens_backward(device):
+    """A 3,000-token window (94 key blocks on CUDA; no n x n buffer on the CPU) next to a tiny one."""
+    q, k, v, offsets, _ = make_case([3000, 2], 2, 16, torch.float32, device, seed=9)
+    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(10)).to(device)
+    out, grads = run_with_grads(fused(offsets, 0.25), q, k, v, None, upstream)
+    ref, ref_grads = run_with_grads(reference(offsets, 0.25), q, k, v, None, upstream, dtype=torch.float64)
+    assert_close("out", out, ref, TOLERANCE[torch.float32])
+    for name, g, r in zip(["dq", "dk", "dv"], grads, ref_grads):
+        assert_close(name, g, r, TOLERANCE[torch.float32])

@@ -175,8 +175,7 @@ void fused_bwd_kernel(const FusedOperands& o, const at::Tensor& grad, const at::
   const int64_t groups = std::min<int64_t>(o.W, 64);
   std::vector<TableGrads<A>> partial(groups);
   at::parallel_for(0, groups, 1, [&](int64_t gb, int64_t ge) {
-    std::vector<A> s, p, ds, acc(d), acc2(d), hq(L3), hk(L3), hv(L3);
-    std::vector<int> rows;
+    std::vector<A> acc(d), acc2(d), hq(L3), hk(L3), hv(L3);
     for (int64_t g = gb; g < ge; ++g) {
       TableGrads<A>& tg = partial[g];
       if (o.table_q.defined()) tg.q.assign(tsize, A(0));
@@ -186,40 +185,33 @@ void fused_bwd_kernel(const FusedOperands& o, const at::Tensor& grad, const at::
         const auto [lo, hi] = window_range(offsets, w, o.N);
         const int64_t n = hi - lo;
         if (n <= 0) continue;
-        rows.resize(n * n * 3);
-        s.resize(n * n);
         for (int64_t h = 0; h < H; ++h) {
           WindowHead<T> wh(o, lo, hi, h, scale);
           const T* gq = go + h * d;  // row i of head h: gq + (lo + i)·H·d
           auto grow = [&](int64_t i) { return gq + (lo + i) * H * d; };
           if (wh.tv) wh.table_products(wh.gt, go, wh.tv);
-          // P and dS of the window, recomputed; n² scalars per head.
-          p.resize(n * n);
-          ds.resize(n * n);
-          for (int64_t i = 0; i < n; ++i) {
-            const A lse_i = lse_p[(lo + i) * H + h], delta_i = delta[(lo + i) * H + h];
-            for (int64_t j = 0; j < n; ++j) {
-              int* rr = &rows[(i * n + j) * 3];
-              wh.pair_rows(i, j, rr);
-              const A pij = std::exp(wh.logit(i, j, rr) - lse_i);
-              A dp = wh.dot(grow(i), wh.row(wh.v, j));
-              if (wh.tv)
-                for (int a = 0; a < 3; ++a) dp += wh.gt[i * L3 + rr[a]];
-              p[i * n + j] = pij;
-              ds[i * n + j] = pij * (dp - delta_i);
-            }
-          }
+          // P and dS of pair (i, j), recomputed where needed (no n x n buffer, so windows of any size fit).
+          auto pair = [&](int64_t i, int64_t j, int rr[3], A& pij, A& dsij) {
+            wh.pair_rows(i, j, rr);
+            pij = std::exp(wh.logit(i, j, rr) - lse_p[(lo + i) * H + h]);
+            A dp = wh.dot(grow(i), wh.row(wh.v, j));
+            if (wh.tv)
+              for (int a = 0; a < 3; ++a) dp += wh.gt[i * L3 + rr[a]];
+            dsij = pij * (dp - delta[(lo + i) * H + h]);
+          };
           for (int64_t i = 0; i < n; ++i) {  // query rows: dq, dTq, dTv
             std::fill(acc.begin(), acc.end(), A(0));
             std::fill(hq.begin(), hq.end(), A(0));
             std::fill(hv.begin(), hv.end(), A(0));
             for (int64_t j = 0; j < n; ++j) {
-              const A g = ds[i * n + j];
+              int rr[3] = {0, 0, 0};
+              A pij, g;
+              pair(i, j, rr, pij, g);
               const T* kj = wh.row(wh.k, j);
               for (int64_t c = 0; c < d; ++c) acc[c] += g * static_cast<A>(kj[c]);
               for (int a = 0; a < 3 && o.has_rel(); ++a) {
-                hq[rows[(i * n + j) * 3 + a]] += g;
-                hv[rows[(i * n + j) * 3 + a]] += p[i * n + j];
+                hq[rr[a]] += g;
+                hv[rr[a]] += pij;
               }
             }
             const T* qi = wh.row(wh.q, i);
@@ -240,14 +232,16 @@ void fused_bwd_kernel(const FusedOperands& o, const at::Tensor& grad, const at::
             std::fill(acc2.begin(), acc2.end(), A(0));
             std::fill(hk.begin(), hk.end(), A(0));
             for (int64_t i = 0; i < n; ++i) {
-              const A g = ds[i * n + j], pij = p[i * n + j];
+              int rr[3] = {0, 0, 0};
+              A pij, g;
+              pair(i, j, rr, pij, g);
               const T* qi = wh.row(wh.q, i);
               const T* gi = grow(i);
               for (int64_t c = 0; c < d; ++c) {
                 acc[c] += sc * g * static_cast<A>(qi[c]);
                 acc2[c] += pij * static_cast<A>(gi[c]);
               }
-              for (int a = 0; a < 3 && wh.tk; ++a) hk[rows[(i * n + j) * 3 + a]] += g;
+              for (int a = 0; a < 3 && wh.tk; ++a) hk[rr[a]] += g;
             }
             const T* kj = wh.row(wh.k, j);
             for (int64_t r = 0; r < L3 && wh.tk; ++r) {
