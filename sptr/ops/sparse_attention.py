@@ -4,9 +4,6 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-import torch
-from torch import Tensor
-
 from ._checks import data_checks
 from .step_attention import (
     attention_step1,
