@@ -23,18 +23,25 @@ def check_attention_path(attention: str) -> str:
     return attention
 
 
-def cached_windows(sptr_tensor, key, xyz, batch, window_size, shift_win):
-    """``(sort_idx, window_offsets)`` of the fused path, cached in ``indice_dict`` under ``key``."""
+def cached_indices(sptr_tensor, key, window_size, shift_win, compute):
+    """``compute()``'s tuple of window indices, cached in ``indice_dict[key]`` followed by ``(window_size,
+    shift_win)`` (SparseTransformer's layout); a cached entry made with other window parameters is an error."""
     cached = sptr_tensor.find_indice_params(key)
     if cached is None:
-        sort_idx, offsets = window_partition(xyz, batch, window_size, shift_win)
-        sptr_tensor.indice_dict[key] = (sort_idx, offsets, window_size, shift_win)
-        return sort_idx, offsets
-    sort_idx, offsets, cached_size, cached_shift = cached
+        params = tuple(compute())
+        sptr_tensor.indice_dict[key] = params + (window_size, shift_win)
+        return params
+    *params, cached_size, cached_shift = cached
     if not np.array_equal(cached_size, window_size) or cached_shift != shift_win:
         raise ValueError(f"indice_key {key!r} was computed with window_size {cached_size}, shift_win "
                          f"{cached_shift}; this module has {window_size}, {shift_win}")
-    return sort_idx, offsets
+    return tuple(params)
+
+
+def cached_windows(sptr_tensor, key, xyz, batch, window_size, shift_win):
+    """``(sort_idx, window_offsets)`` of the fused path, cached in ``indice_dict`` under ``key``."""
+    return cached_indices(sptr_tensor, key, window_size, shift_win,
+                          lambda: window_partition(xyz, batch, window_size, shift_win))
 
 
 def quant_grid_length(window_size: np.ndarray, quant_size: np.ndarray) -> int:
@@ -181,15 +188,8 @@ class VarLengthMultiheadSA(nn.Module):
         k = self.k(key).reshape(n, h, d)
         v = self.v(value).reshape(n, h, d)
 
-        cached = sptr_tensor.find_indice_params(self.indice_key)
-        if cached is None:
-            params = get_indices_params(xyz, batch, self.window_size, self.shift_win)
-            sptr_tensor.indice_dict[self.indice_key] = params + (self.window_size, self.shift_win)
-        else:
-            *params, window_size, shift_win = cached
-            if not np.array_equal(window_size, self.window_size) or shift_win != self.shift_win:
-                raise ValueError(f"indice_key {self.indice_key!r} was computed with window_size {window_size}, "
-                                 f"shift_win {shift_win}; this module has {self.window_size}, {self.shift_win}")
+        params = cached_indices(sptr_tensor, self.indice_key, self.window_size, self.shift_win,
+                                lambda: get_indices_params(xyz, batch, self.window_size, self.shift_win))
         index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx = params
         extra = {}
         if self.pe_type == "contextual":

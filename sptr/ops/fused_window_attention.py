@@ -89,9 +89,10 @@ def _check_rel_pos(rel_pos: RelativePosition, n: int, h: int, d: int, device) ->
               if t is not None]
     if not tables:
         raise ValueError("rel_pos needs at least one of query_table, key_table, value_table")
-    length = tables[0][1].shape[0] if tables[0][1].dim() == 4 else None
     for name, t in tables:
         check_tensor(f"rel_pos.{name}", t, dim=4, dtypes=FLOATING, device=device)
+    length = tables[0][1].shape[0]
+    for name, t in tables:
         check_shape(f"rel_pos.{name}", t, (length, 3, h, d))
     if length < 1:
         raise ValueError("rel_pos tables must have L >= 1 rows")
@@ -126,8 +127,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window_offsets: Tensor, *,
     ``scale`` (default ``d**-0.5``) multiplies the query side of the logits: ``scale·(q·k + q·E_Tq) + k·E_Tk``,
     i.e. SparseTransformer's pre-scaled query. Differentiable in q, k, v and the tables. Under autocast the
     floating inputs are cast to the autocast dtype (as ``scaled_dot_product_attention``); otherwise they must
-    share one dtype. ``deterministic=True`` makes the table gradients bitwise reproducible on CUDA (they are
-    otherwise summed with atomics); q/k/v gradients always are.
+    share one dtype. q/k/v gradients are always bitwise reproducible; ``deterministic=True`` makes the table
+    gradients so on CUDA too (it fixes which CTA sums which tiles; by default tiles go to whichever is free).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, dim=3, dtypes=FLOATING, device=q.device if name != "q" else None)
