@@ -259,19 +259,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   check_backward_operands(o, grad, out, lse);
   const at::Tensor g = grad.contiguous(), oc = out.contiguous(), lc = lse.contiguous();
   at::Tensor dq = at::empty_like(o.q), dk = at::empty_like(o.k), dv = at::empty_like(o.v);
-  at::Tensor dtq = o.table_grad_buffer(o.table_q), dtk = o.table_grad_buffer(o.table_k),
-             dtv = o.table_grad_buffer(o.table_v);
-  if (o.N == 0) return {dq, dk, dv, table_grad_result(dtq, o.table_q), table_grad_result(dtk, o.table_k),
-                        table_grad_result(dtv, o.table_v)};
+  // Table gradients: one partial per CTA (slot), summed by finish in slot order.
+  at::Tensor sq, sk, sv;
+  auto finish = [&](const at::Tensor& partials, const at::Tensor& table) {
+    return table.defined() ? table_grad_result(partials.sum(0), table) : partials;
+  };
+  if (o.N == 0) {  // zero table gradients: one zero slot each
+    return {dq, dk, dv, finish(o.table_grad_buffer(o.table_q, 1), o.table_q),
+            finish(o.table_grad_buffer(o.table_k, 1), o.table_k), finish(o.table_grad_buffer(o.table_v, 1), o.table_v)};
+  }
   const at::Tensor bounds = token_bounds(o);
   at::Tensor delta = at::empty_like(lc);
   at::Tensor counters = at::zeros({2, o.H}, o.offsets.options());
-  // One partial per CTA (slot) and table, summed below in slot order.
-  auto slots = [&](const at::Tensor& table, int grid) {
-    if (!table.defined()) return o.q.new_empty({0});
-    return at::zeros({grid, table.size(0), 3, o.H, o.d}, table.options().dtype(at::toOpMathType(table.scalar_type())));
-  };
-  at::Tensor sq, sk, sv;
   SPTR_DISPATCH_FLOATING(o.q.scalar_type(), "window_attention_bwd_cuda", [&] {
     using T = typename CudaType<scalar_t>::type;
     using A = acc_t<T>;
@@ -293,8 +292,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         auto* dq_kernel = bwd_dq_kernel<DP, T, REL>;
         const size_t dq_bytes = prepare<DqSmem<DP, T>>(dq_kernel, a, "window_attention backward");
         const int dq_grid = persistent_grid(dq_kernel, a, dq_bytes, ntiles);
-        sq = slots(o.table_q, dq_grid);
-        sv = slots(o.table_v, dq_grid);
+        sq = o.table_grad_buffer(o.table_q, dq_grid);
+        sv = o.table_grad_buffer(o.table_v, dq_grid);
         a.dtq = sq.numel() ? sq.data_ptr<A>() : nullptr;
         a.dtv = sv.numel() ? sv.data_ptr<A>() : nullptr;
         a.tile_counter = counters.data_ptr<int32_t>();
@@ -302,16 +301,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         auto* dkv_kernel = bwd_dkv_kernel<DP, T, REL>;
         const size_t dkv_bytes = prepare<DkvSmem<DP, T>>(dkv_kernel, a, "window_attention backward");
         const int dkv_grid = persistent_grid(dkv_kernel, a, dkv_bytes, ntiles);
-        sk = slots(o.table_k, dkv_grid);
+        sk = o.table_grad_buffer(o.table_k, dkv_grid);
         a.dtk = sk.numel() ? sk.data_ptr<A>() : nullptr;
         a.tile_counter = counters.data_ptr<int32_t>() + o.H;
         launch(dkv_kernel, a, dkv_grid, dkv_bytes);
       });
     });
   });
-  auto finish = [&](const at::Tensor& partials, const at::Tensor& table) {
-    return table.defined() ? partials.sum(0).to(table.scalar_type()) : partials;
-  };
   return {dq, dk, dv, finish(sq, o.table_q), finish(sk, o.table_k), finish(sv, o.table_v)};
 }
 

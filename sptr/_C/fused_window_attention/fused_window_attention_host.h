@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <optional>
+#include <vector>
 
 #include "fused_window_attention_math.h"
 
@@ -97,9 +98,13 @@ struct FusedOperands {
   }
 
   // Gradient of a table, in the accumulation dtype (fp32 for 16-bit inputs), or empty without the table.
-  at::Tensor table_grad_buffer(const at::Tensor& table) const {
+  // With slots > 0 it holds that many partial gradients (slots, L, 3, H, d), one per CUDA block.
+  at::Tensor table_grad_buffer(const at::Tensor& table, int64_t slots = 0) const {
     if (!table.defined()) return q.new_empty({0});
-    return at::zeros(table.sizes(), table.options().dtype(at::toOpMathType(table.scalar_type())));
+    std::vector<int64_t> shape;
+    if (slots > 0) shape.push_back(slots);
+    shape.insert(shape.end(), table.sizes().begin(), table.sizes().end());
+    return at::zeros(shape, table.options().dtype(at::toOpMathType(table.scalar_type())));
   }
 };
 
