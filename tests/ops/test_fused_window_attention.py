@@ -102,6 +102,41 @@ def test_head_dims(device, d):
 
 
 @pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [16, 32, 64, 128])
+def test_plain_low_precision_head_dims(device, dtype, d):
+    """The tensor-core path on CUDA (fp16/bf16, no tables): windows of 1 token, windows straddling 16-row warp
+    groups and 64-row tiles, one of 300 tokens (several key blocks), and a token count that is no multiple of
+    the tile."""
+    counts = [1, 5, 33, 2, 0, 70, 1, 17, 300, 40, 3]
+    q, k, v, offsets, _ = make_case(counts, 3, d, dtype, device, seed=11)
+    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(device)
+    out, grads = run_with_grads(fused(offsets, d ** -0.5), q, k, v, None, upstream)
+    ref, ref_grads = run_with_grads(reference(offsets, d ** -0.5), q, k, v, None, upstream, dtype=torch.float64)
+    assert_close("out", out, ref, TOLERANCE[dtype])
+    for name, g, r in zip(["dq", "dk", "dv"], grads, ref_grads):
+        assert g.dtype == dtype
+        assert_close(name, g, r, TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("radial", [False, True])
+def test_sphereformer_table_length(device, dtype, radial):
+    """SphereFormer's tables (qgl 24: L = 47 cubic, 48 with the radial bins), head dim 16, all three tables,
+    windows up to 200 tokens."""
+    counts = [200, 1, 64, 7, 130, 33]
+    q, k, v, offsets, rel_pos = make_case(counts, 2, 16, dtype, device, ("query", "key", "value"), radial, seed=13,
+                                          qgl=24)
+    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(14)).to(device)
+    out, grads = run_with_grads(fused(offsets, 0.25), q, k, v, rel_pos, upstream)
+    ref, ref_grads = run_with_grads(reference(offsets, 0.25), q, k, v, rel_pos, upstream, dtype=torch.float64)
+    assert_close("out", out, ref, TOLERANCE[dtype])
+    for name, g, r in zip(["dq", "dk", "dv", "dTq", "dTk", "dTv"], grads, ref_grads):
+        assert_close(name, g, r, (TABLE_TOLERANCE if name.startswith("dT") else TOLERANCE)[dtype])
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_large_window_and_batch_of_clouds(device):
     """One window of 1,500 tokens (47 key blocks) next to many small ones, as batched scans give."""
     dtype = torch.float16 if device == "cuda" else torch.float32

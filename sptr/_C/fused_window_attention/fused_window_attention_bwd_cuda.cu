@@ -1,9 +1,11 @@
 // CUDA backward of the fused window attention: one kernel over query tiles (dq, table-q and table-v
-// gradients, delta), one over key tiles (dk, dv, table-k gradient); both recompute P from the saved lse.
+// gradients), one over key tiles (dk, dv, table-k gradient); both recompute P from the saved lse.
 // No global atomics: a q/k/v gradient row belongs to one tile, and each persistent CTA adds its tiles' table
 // gradients into a slot of its own, summed over slots at the end. Histograms are summed in a fixed order
 // too, so the result depends only on which CTA took which tile: `deterministic` fixes that (round-robin),
 // otherwise tiles go to whichever CTA is free (atomic counter).
+// fp16/bf16 without tables run bwd_dq_mma_kernel and bwd_dkv_mma_kernel instead (mma.sync, everything per
+// pair in registers, after delta_kernel), which are deterministic by construction.
 #include <torch/library.h>
 
 #include <sptr/dispatch.h>
@@ -248,6 +250,508 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dkv_kernel(const Ar
   }
 }
 
+// ----------------------------------------------------------------------------- backward on mma.sync
+// delta_i = dO_i · O_i per (token, head), fp32.
+template <int DP, typename T>
+__global__ void delta_kernel(const Args<T> a) {
+  SPTR_GRID_STRIDE(i, (int64_t)a.N * a.H) {
+    const uint4* g = reinterpret_cast<const uint4*>(a.dout + i * DP);
+    const uint4* o = reinterpret_cast<const uint4*>(a.out + i * DP);
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < DP * (int)sizeof(T) / 16; ++c) {
+      const uint4 gv = g[c], ov = o[c];
+      const T* ge = reinterpret_cast<const T*>(&gv);
+      const T* oe = reinterpret_cast<const T*>(&ov);
+#pragma unroll
+      for (int e = 0; e < 16 / (int)sizeof(T); ++e) acc += widen(ge[e]) * widen(oe[e]);
+    }
+    a.delta[i] = acc;
+  }
+}
+
+// Shared memory of the two mma.sync backward kernels. Own: the 64 rows a CTA owns (queries for dq, keys
+// for dk/dv); Other: the double-buffered blocks it walks. REL adds the own tile (operand of the table
+// gradients), the staged tables, the coordinates of the other side, the table products of both sides, and
+// the own rows' histograms (dq: Hq of dS, Hv of P; dk: Hk of dS). Two-buffer arrays are indexed by
+// arithmetic (buf · size): an array of pointers indexed at run time would go to the stack.
+template <int DP, typename T, bool REL>
+struct MmaBwdSmem {
+  static constexpr int BN = REL ? 32 : mma::kBlock<DP>, LD = mma::kLd<DP>;
+  T *X, *Y;                  // other side, 2 buffers: K and V (dq) or Q and dO (dk/dv)
+  float *lse, *delta;        // dk/dv: the query block's lse and delta, 2 buffers
+  T *A = nullptr, *B = nullptr;  // REL: own tile, Q and dO (dq) or K and V (dk/dv)
+  T *tq = nullptr, *tk = nullptr, *tv = nullptr;
+  int* oc = nullptr;         // coordinates (BN, 3) and radii of the other side, 2 buffers
+  float* orad = nullptr;
+  float *own_p1 = nullptr, *own_p2 = nullptr;      // own products: Qt, Gt (dq) or Kt (dk/dv)
+  float *other_p1 = nullptr, *other_p2 = nullptr;  // block products: Kt (dq) or Qt, Gt (dk/dv)
+  float *hist1 = nullptr, *hist2 = nullptr;        // Hq, Hv (dq) or Hk (dk/dv)
+  int lp = 0;
+  __host__ __device__ MmaBwdSmem(Bump& b, const Args<T>& a, bool dq)
+      : X(b.take<T>(2 * BN * LD)), Y(b.take<T>(2 * BN * LD)), lse(b.take<float>(2 * BN)), delta(b.take<float>(2 * BN)) {
+    if (!REL) return;
+    constexpr int R = mma::kRows;
+    lp = a.L3p;
+    A = b.take<T>(R * LD);
+    B = b.take<T>(R * LD);
+    tq = b.take_if<T>(a.tq != nullptr, a.L3p * LD);
+    tk = b.take_if<T>(a.tk != nullptr, a.L3p * LD);
+    tv = b.take_if<T>(a.tv != nullptr, a.L3p * LD);
+    oc = b.take<int>(2 * BN * 3);
+    orad = b.take_if<float>(a.rel.radius != nullptr, 2 * BN);
+    if (dq) {
+      own_p1 = b.take_if<float>(a.tq != nullptr, R * lp);
+      own_p2 = b.take_if<float>(a.tv != nullptr, R * lp);
+      other_p1 = b.take_if<float>(a.tk != nullptr, BN * lp);
+      hist1 = b.take_if<float>(a.tq != nullptr, R * lp);
+      hist2 = b.take_if<float>(a.tv != nullptr, R * lp);
+    } else {
+      own_p1 = b.take_if<float>(a.tk != nullptr, R * lp);
+      other_p1 = b.take_if<float>(a.tq != nullptr, BN * lp);
+      other_p2 = b.take_if<float>(a.tv != nullptr, BN * lp);
+      hist1 = b.take_if<float>(a.tk != nullptr, R * lp);
+    }
+  }
+};
+template <int DP, typename T, bool REL>
+struct MmaDqSmem : MmaBwdSmem<DP, T, REL> {
+  __host__ __device__ MmaDqSmem(Bump& b, const Args<T>& a) : MmaBwdSmem<DP, T, REL>(b, a, true) {}
+};
+template <int DP, typename T, bool REL>
+struct MmaDkvSmem : MmaBwdSmem<DP, T, REL> {
+  __host__ __device__ MmaDkvSmem(Bump& b, const Args<T>& a) : MmaBwdSmem<DP, T, REL>(b, a, false) {}
+};
+
+// Per-CTA start of a REL item: the own tile (rows [r0, r0 + n) of x and y) and the present tables staged,
+// the own A fragments taken from the tile.
+template <int DP, typename T, typename S>
+__device__ void stage_own(const S& sm, const Args<T>& a, const T* x, const T* y, int r0, int n, int h,
+                          uint32_t (&xf)[DP / 16][4], uint32_t (&yf)[DP / 16][4]) {
+  using namespace mma;
+  constexpr int LD = kLd<DP>;
+  async_rows<DP, LD, kThreads>(sm.A, x, a.H, r0, n, kRows, h);
+  async_rows<DP, LD, kThreads>(sm.B, y, a.H, r0, n, kRows, h);
+  if (a.tq) async_rows<DP, LD, kThreads>(sm.tq, a.tq, a.H, 0, a.L3, a.L3p, h);
+  if (a.tk) async_rows<DP, LD, kThreads>(sm.tk, a.tk, a.H, 0, a.L3, a.L3p, h);
+  if (a.tv) async_rows<DP, LD, kThreads>(sm.tv, a.tv, a.H, 0, a.L3, a.L3p, h);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  const int warp = threadIdx.x >> 5;
+  ldmatrix_a_rows<DP, LD>(xf, sm.A + warp * 16 * LD);
+  ldmatrix_a_rows<DP, LD>(yf, sm.B + warp * 16 * LD);
+}
+
+// Products of the block's rows (16-row groups of `rows_tile`, BN rows) with a staged table, into dst
+// (BN x lp): the warps split the row groups and the table columns.
+template <int DP, int BN, typename T>
+__device__ void block_products(float* dst, int lp, const T* rows_tile, const T* table, int L3p) {
+  using namespace mma;
+  constexpr int LD = kLd<DP>, RG = BN / 16, PARTS = kWarps / RG;
+  const int warp = threadIdx.x >> 5, rg = warp % RG, part = warp / RG, npairs = L3p / 16;
+  uint32_t f[DP / 16][4];
+  ldmatrix_a_rows<DP, LD>(f, rows_tile + rg * 16 * LD);
+  table_products<DP, LD>(dst + rg * 16 * lp, lp, f, table, part * npairs / PARTS, (part + 1) * npairs / PARTS);
+}
+
+// Coordinates and radii of the other side's block rows [r0, r0 + n) into buffer buf.
+template <typename T, typename S>
+__device__ void async_coords(const S& sm, const Args<T>& a, int buf, int r0, int n) {
+  constexpr int BN = S::BN;
+  for (int i = threadIdx.x; i < BN; i += mma::kThreads) {
+    const bool ok = i < n;
+    const int j = ok ? r0 + i : 0;
+    for (int c = 0; c < 3; ++c) mma::cp_async_4(sm.oc + (buf * BN + i) * 3 + c, a.rel.coords + (int64_t)j * 3 + c, ok);
+    if (a.rel.radius) mma::cp_async_4(sm.orad + buf * BN + i, a.rel.radius + j, ok);
+  }
+}
+
+// Coordinates and radii of the thread's own rows g and g+8 (from w0).
+template <typename T>
+__device__ void own_coords(const Args<T>& a, int w0, int (&c)[2][3], float (&r)[2]) {
+  const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = w0 + g + 8 * i;
+    for (int k = 0; k < 3; ++k) c[i][k] = row < a.N ? a.rel.coords[(int64_t)row * 3 + k] : 0;
+    r[i] = (a.rel.radius && row < a.N) ? a.rel.radius[row] : 0.f;
+  }
+}
+
+// The work items of the backward CTAs: (64-row tile, head) pairs, heads adjacent. Without tables one CTA an
+// item; with tables the grid is persistent (each CTA owns a slot of the table-gradient partials) and takes
+// items round-robin, so the partial sums, and the result, are the same run to run.
+template <typename T>
+__device__ __forceinline__ int num_items(const Args<T>& a) { return (a.N + mma::kRows - 1) / mma::kRows * a.H; }
+
+// dq of 64 query rows of one head (16 per warp): per key block S = QKᵀ and dP = dO·Vᵀ, P from the saved lse,
+// dS = P∘(dP − delta), dq += dS·K; K/V blocks double-buffered in shared memory. REL: the logits get the
+// table terms, dP the value-table term Gt = dO·Tv; Hq (of dS) gives dq's table term Hq·Tq and, with Hv (of
+// P), the tile's dTq and dTv.
+// Without tables, small head dims fit four CTAs per multiprocessor (128 registers); the compiler's own
+// choice lands just above that.
+template <int DP, bool REL> constexpr int kDqMinBlocks = (!REL && DP <= 32) ? 4 : 1;
+
+template <int DP, typename T, bool REL>
+__global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_mma_kernel(const Args<T> a) {
+  using namespace mma;
+  using Smem = MmaDqSmem<DP, T, REL>;
+  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8;
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const Smem sm(bump, a);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  for (int item = blockIdx.x; item < num_items(a); item += gridDim.x) {
+    const int h = item % a.H, r0 = (item / a.H) * kRows;
+    const int nrows = min(kRows, a.N - r0);
+    const int kbeg = a.bounds[r0].x, kend = a.bounds[r0 + nrows - 1].y;
+    const int w0 = r0 + warp * 16;
+    const bool active = w0 < a.N;
+    const int2 wrange = active ? make_int2(a.bounds[w0].x, a.bounds[min(w0 + 15, a.N - 1)].y) : make_int2(0, 0);
+    const int2 win0 = row_bounds(a.bounds, a.N, w0 + g), win1 = row_bounds(a.bounds, a.N, w0 + g + 8);
+    float lse2[2], dl[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = w0 + g + 8 * i;
+      lse2[i] = row < a.N ? a.lse_in[(int64_t)row * a.H + h] * kLog2e : 0.f;
+      dl[i] = row < a.N ? a.delta[(int64_t)row * a.H + h] : 0.f;
+    }
+    uint32_t qf[DP / 16][4], gf[DP / 16][4];
+    int cq[2][3] = {};
+    float rq[2] = {0.f, 0.f};
+    float *qt_row[2] = {}, *gt_row[2] = {}, *hq_row[2] = {}, *hv_row[2] = {};
+    if constexpr (REL) {
+      stage_own<DP>(sm, a, a.q, a.dout, r0, nrows, h, qf, gf);
+      own_coords(a, w0, cq, rq);
+      const int own = warp * 16 * sm.lp;
+      if (a.tq) table_products<DP, LD>(sm.own_p1 + own, sm.lp, qf, sm.tq, 0, a.L3p / 16);
+      if (a.tv) table_products<DP, LD>(sm.own_p2 + own, sm.lp, gf, sm.tv, 0, a.L3p / 16);
+      for (int i = lane; i < 16 * sm.lp; i += 32) {
+        if (a.tq) sm.hist1[own + i] = 0.f;
+        if (a.tv) sm.hist2[own + i] = 0.f;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int at = own + (g + 8 * i) * sm.lp;
+        qt_row[i] = sm.own_p1 + at;
+        gt_row[i] = sm.own_p2 + at;
+        hq_row[i] = sm.hist1 + at;
+        hv_row[i] = sm.hist2 + at;
+      }
+    } else {
+      load_a_rows<DP>(qf, a.q, a.N, a.H, w0, h);
+      load_a_rows<DP>(gf, a.dout, a.N, a.H, w0, h);
+    }
+    float dq[DT][4] = {};
+    const int nblocks = (kend - kbeg + BN - 1) / BN;
+    auto load = [&](int blk) {
+      const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
+      async_rows<DP, LD, kThreads>(sm.X + buf * BN * LD, a.k, a.H, c0, n, BN, h);
+      async_rows<DP, LD, kThreads>(sm.Y + buf * BN * LD, a.v, a.H, c0, n, BN, h);
+      if constexpr (REL) async_coords(sm, a, buf, c0, n);
+      cp_async_commit();
+    };
+    if (nblocks > 0) load(0);
+    for (int blk = 0; blk < nblocks; ++blk) {
+      if (blk + 1 < nblocks) {
+        load(blk + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      const int c0 = kbeg + blk * BN, buf = blk & 1;
+      const T* K = sm.X + buf * BN * LD;
+      const T* V = sm.Y + buf * BN * LD;
+      const int* kc = sm.oc + buf * BN * 3;
+      const float* kr = sm.orad + buf * BN;
+      if constexpr (REL) {
+        if (a.tk) {
+          block_products<DP, BN>(sm.other_p1, sm.lp, K, sm.tk, a.L3p);
+          __syncthreads();
+        }
+      }
+      if (active && c0 < wrange.y && c0 + BN > wrange.x) {
+        float s[NT][4] = {}, dp[NT][4] = {};
+        uint32_t rows[NT][4];
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np)
+          if (overlaps16(c0 + 16 * np, wrange)) {
+            mma_abt_pair<DP, LD>(s, qf, K, np);
+            mma_abt_pair<DP, LD>(dp, gf, V, np);
+          }
+        if constexpr (!REL) {
+          mask_scale(s, c0, win0, win1, sl2);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[nt][e] = exp2f(s[nt][e] - lse2[e >> 1]) * (dp[nt][e] - dl[e >> 1]);
+        } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int j0 = c0 + nt * 8;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = nt * 8 + 2 * t + (e & 1), j = c0 + col, i = e >> 1;
+            const int2 w = i ? win1 : win0;
+            rows[nt][e] = 0;
+            float p = 0.f, ds = 0.f;
+            if (j0 < wrange.y && j0 + 8 > wrange.x && j >= w.x && j < w.y) {
+              float logit2 = s[nt][e] * sl2, dpv = dp[nt][e];
+              if constexpr (REL) {
+                const uint32_t packed = pack_rows(a.rel, cq[i], kc + col * 3, rq[i], a.rel.radius ? kr[col] : 0.f);
+                rows[nt][e] = packed;
+                if (a.tq) logit2 += gather3(qt_row[i], packed) * sl2;
+                if (a.tk) logit2 += gather3(sm.other_p1 + col * sm.lp, packed) * kLog2e;
+                if (a.tv) dpv += gather3(gt_row[i], packed);
+              }
+              p = exp2f(logit2 - lse2[i]);
+              ds = p * (dpv - dl[i]);
+            }
+            s[nt][e] = p;
+            dp[nt][e] = ds;
+          }
+        }
+        if (a.tq) quad_hist_add(hq_row[0], hq_row[1], rows, dp);
+        if (a.tv) quad_hist_add(hv_row[0], hv_row[1], rows, s);
+        }
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; ++kk) {
+          if (!overlaps16(c0 + 16 * kk, wrange)) continue;
+          uint32_t da[4];
+          c_to_a<T>(da, dp, kk);
+          mma_ab<DP, LD>(dq, da, K, kk);
+        }
+      }
+      __syncthreads();
+    }
+    if constexpr (REL) {
+      if (a.tq && active)  // dq's table term Σ_n Hq[n]·Tq[n], scaled with the rest below
+        for (int kk = 0; kk < a.L3p / 16; ++kk) {
+          uint32_t ha[4];
+          smem_rows_to_a<T>(ha, sm.hist1 + warp * 16 * sm.lp, sm.lp, kk, 1.f, 1.f);
+          mma_ab<DP, LD>(dq, ha, sm.tq, kk);
+        }
+    }
+    if (active) {
+      const float f = static_cast<float>(a.scale);
+      store_c_rows<DP>(a.dq, dq, a.N, a.H, w0, h, f, f);
+    }
+    if constexpr (REL) {
+      __syncthreads();
+      const int64_t slot = (int64_t)blockIdx.x * a.L3 * a.H * DP;
+      if (a.tq) table_grad_mma<DP, LD>(a.dtq + slot, sm.hist1, sm.lp, sm.A, a.L3, a.L3p, a.H, h, a.scale);
+      if (a.tv) table_grad_mma<DP, LD>(a.dtv + slot, sm.hist2, sm.lp, sm.B, a.L3, a.L3p, a.H, h, 1.f);
+      __syncthreads();
+    }
+  }
+}
+
+// dk, dv of 64 key rows of one head (16 per warp), walking the query blocks of their windows: Sᵀ = K·Qᵀ,
+// dPᵀ = V·dOᵀ, dv += Pᵀ·dO, dk += dSᵀ·Q; Q/dO blocks with their lse and delta double-buffered. REL: the
+// query blocks' products Qt, Gt per block, the own Kt once; Hk (of dS) gives dk's table term and dTk.
+template <int DP, typename T, bool REL>
+__global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T> a) {
+  using namespace mma;
+  using Smem = MmaDkvSmem<DP, T, REL>;
+  constexpr int BQ = Smem::BN, LD = kLd<DP>, NT = BQ / 8, DT = DP / 8;
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const Smem sm(bump, a);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  for (int item = blockIdx.x; item < num_items(a); item += gridDim.x) {
+    const int h = item % a.H, c0 = (item / a.H) * kRows;
+    const int nkeys = min(kRows, a.N - c0);
+    const int qbeg = a.bounds[c0].x, qend = a.bounds[c0 + nkeys - 1].y;
+    const int w0 = c0 + warp * 16;
+    const bool active = w0 < a.N;
+    // A query attends to a key exactly when they share a window, so the key's window bounds its queries.
+    const int2 wrange = active ? make_int2(a.bounds[w0].x, a.bounds[min(w0 + 15, a.N - 1)].y) : make_int2(0, 0);
+    const int2 win0 = row_bounds(a.bounds, a.N, w0 + g), win1 = row_bounds(a.bounds, a.N, w0 + g + 8);
+    uint32_t kf[DP / 16][4], vf[DP / 16][4];
+    int ck[2][3] = {};
+    float rk[2] = {0.f, 0.f};
+    float *kt_row[2] = {}, *hk_row[2] = {};
+    if constexpr (REL) {
+      stage_own<DP>(sm, a, a.k, a.v, c0, nkeys, h, kf, vf);
+      own_coords(a, w0, ck, rk);
+      const int own = warp * 16 * sm.lp;
+      if (a.tk) {
+        table_products<DP, LD>(sm.own_p1 + own, sm.lp, kf, sm.tk, 0, a.L3p / 16);
+        for (int i = lane; i < 16 * sm.lp; i += 32) sm.hist1[own + i] = 0.f;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        kt_row[i] = sm.own_p1 + own + (g + 8 * i) * sm.lp;
+        hk_row[i] = sm.hist1 + own + (g + 8 * i) * sm.lp;
+      }
+    } else {
+      load_a_rows<DP>(kf, a.k, a.N, a.H, w0, h);
+      load_a_rows<DP>(vf, a.v, a.N, a.H, w0, h);
+    }
+    float dk[DT][4] = {}, dv[DT][4] = {};
+    const int nblocks = (qend - qbeg + BQ - 1) / BQ;
+    auto load = [&](int blk) {
+      const int q0 = qbeg + blk * BQ, n = min(BQ, qend - q0), buf = blk & 1;
+      async_rows<DP, LD, kThreads>(sm.X + buf * BQ * LD, a.q, a.H, q0, n, BQ, h);
+      async_rows<DP, LD, kThreads>(sm.Y + buf * BQ * LD, a.dout, a.H, q0, n, BQ, h);
+      for (int i = threadIdx.x; i < BQ; i += kThreads) {
+        const bool ok = i < n;
+        const int64_t at = ok ? (int64_t)(q0 + i) * a.H + h : 0;
+        cp_async_4(sm.lse + buf * BQ + i, a.lse_in + at, ok);
+        cp_async_4(sm.delta + buf * BQ + i, a.delta + at, ok);
+      }
+      if constexpr (REL) async_coords(sm, a, buf, q0, n);
+      cp_async_commit();
+    };
+    if (nblocks > 0) load(0);
+    for (int blk = 0; blk < nblocks; ++blk) {
+      if (blk + 1 < nblocks) {
+        load(blk + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      const int q0 = qbeg + blk * BQ, buf = blk & 1;
+      const T* Q = sm.X + buf * BQ * LD;
+      const T* G = sm.Y + buf * BQ * LD;
+      const float* lse = sm.lse + buf * BQ;
+      const float* delta = sm.delta + buf * BQ;
+      const int* qc = sm.oc + buf * BQ * 3;
+      const float* qr = sm.orad + buf * BQ;
+      if constexpr (REL) {
+        if (a.tq || a.tv) {
+          if (a.tq) block_products<DP, BQ>(sm.other_p1, sm.lp, Q, sm.tq, a.L3p);
+          if (a.tv) block_products<DP, BQ>(sm.other_p2, sm.lp, G, sm.tv, a.L3p);
+          __syncthreads();
+        }
+      }
+      if (active && q0 < wrange.y && q0 + BQ > wrange.x) {
+        float s[NT][4] = {}, dp[NT][4] = {};
+        uint32_t rows[NT][4];
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np)
+          if (overlaps16(q0 + 16 * np, wrange)) {
+            mma_abt_pair<DP, LD>(s, kf, Q, np);
+            mma_abt_pair<DP, LD>(dp, vf, G, np);
+          }
+        if constexpr (!REL) {
+          mask_scale(s, q0, win0, win1, sl2);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int col = nt * 8 + 2 * t + (e & 1);
+              const float p = exp2f(s[nt][e] - lse[col] * kLog2e);
+              s[nt][e] = p;
+              dp[nt][e] = p * (dp[nt][e] - delta[col]);
+            }
+        } else {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int i0 = q0 + nt * 8;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = nt * 8 + 2 * t + (e & 1), iq = q0 + col, r = e >> 1;
+            const int2 w = r ? win1 : win0;
+            rows[nt][e] = 0;
+            float p = 0.f, ds = 0.f;
+            if (i0 < wrange.y && i0 + 8 > wrange.x && iq >= w.x && iq < w.y) {
+              float logit2 = s[nt][e] * sl2, dpv = dp[nt][e];
+              if constexpr (REL) {  // pair (query iq, key of row r)
+                const uint32_t packed = pack_rows(a.rel, qc + col * 3, ck[r], a.rel.radius ? qr[col] : 0.f, rk[r]);
+                rows[nt][e] = packed;
+                if (a.tq) logit2 += gather3(sm.other_p1 + col * sm.lp, packed) * sl2;
+                if (a.tk) logit2 += gather3(kt_row[r], packed) * kLog2e;
+                if (a.tv) dpv += gather3(sm.other_p2 + col * sm.lp, packed);
+              }
+              p = exp2f(logit2 - lse[col] * kLog2e);
+              ds = p * (dpv - delta[col]);
+            }
+            s[nt][e] = p;
+            dp[nt][e] = ds;
+          }
+        }
+        if (a.tk) quad_hist_add(hk_row[0], hk_row[1], rows, dp);
+        }
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; ++kk) {
+          if (!overlaps16(q0 + 16 * kk, wrange)) continue;
+          uint32_t pa[4], da[4];
+          c_to_a<T>(pa, s, kk);
+          mma_ab<DP, LD>(dv, pa, G, kk);
+          c_to_a<T>(da, dp, kk);
+          mma_ab<DP, LD>(dk, da, Q, kk);
+        }
+      }
+      __syncthreads();
+    }
+    // dk = scale·dSᵀQ + Σ_n Hk[n]·Tk[n]: the key-side table term carries no scale.
+    const float f = static_cast<float>(a.scale);
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[dt][e] *= f;
+    if constexpr (REL) {
+      if (a.tk && active)
+        for (int kk = 0; kk < a.L3p / 16; ++kk) {
+          uint32_t ha[4];
+          smem_rows_to_a<T>(ha, sm.hist1 + warp * 16 * sm.lp, sm.lp, kk, 1.f, 1.f);
+          mma_ab<DP, LD>(dk, ha, sm.tk, kk);
+        }
+    }
+    if (active) {
+      store_c_rows<DP>(a.dk, dk, a.N, a.H, w0, h, 1.f, 1.f);
+      store_c_rows<DP>(a.dv, dv, a.N, a.H, w0, h, 1.f, 1.f);
+    }
+    if constexpr (REL) {
+      __syncthreads();
+      if (a.tk)
+        table_grad_mma<DP, LD>(a.dtk + (int64_t)blockIdx.x * a.L3 * a.H * DP, sm.hist1, sm.lp, sm.A, a.L3, a.L3p,
+                               a.H, h, 1.f);
+      __syncthreads();
+    }
+  }
+}
+
+// The mma.sync backward (fp16/bf16, head dim 16..128 with aligned rows, its shared memory fits), or false
+// for the tile kernels. With tables, table-gradient slots (one per CTA) come from make_slots(grid).
+template <int DP, typename T, typename MakeSlots>
+bool launch_mma_backward(const FusedOperands& o, Args<T>& a, const MakeSlots& make_slots) {
+  if (!a.vec || (o.has_rel() && 3 * o.L > kMaxRows3)) return false;
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  auto prepare_mma = [&](auto* kernel, size_t bytes) {
+    if (bytes > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return false;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return true;
+  };
+  auto run = [&](auto rel) {
+    constexpr bool REL = decltype(rel)::value;
+    auto* dq_kernel = bwd_dq_mma_kernel<DP, T, REL>;
+    auto* dkv_kernel = bwd_dkv_mma_kernel<DP, T, REL>;
+    const size_t dq_bytes = smem_bytes<MmaDqSmem<DP, T, REL>>(a), dkv_bytes = smem_bytes<MmaDkvSmem<DP, T, REL>>(a);
+    if (!prepare_mma(dq_kernel, dq_bytes) || !prepare_mma(dkv_kernel, dkv_bytes)) return false;
+    const int items = static_cast<int>(mma_grid(o));
+    const int dq_grid = REL ? persistent_grid(dq_kernel, dq_bytes, items, 1) : items;
+    const int dkv_grid = REL ? persistent_grid(dkv_kernel, dkv_bytes, items, 1) : items;
+    make_slots(dq_grid, dkv_grid);
+    delta_kernel<DP, T><<<grid_for(o.N * o.H, 256), 256, 0, stream>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    dq_kernel<<<dq_grid, mma::kThreads, dq_bytes, stream>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    dkv_kernel<<<dkv_grid, mma::kThreads, dkv_bytes, stream>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  };
+  return o.has_rel() ? run(std::true_type()) : run(std::false_type());
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> window_attention_bwd_cuda(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& offsets, const std::optional<at::Tensor>& coords,
@@ -284,25 +788,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     a.dk = reinterpret_cast<T*>(dk.data_ptr<scalar_t>());
     a.dv = reinterpret_cast<T*>(dv.data_ptr<scalar_t>());
     a.dynamic = !deterministic;
+    auto make_slots = [&](int dq_grid, int dkv_grid) {
+      sq = o.table_grad_buffer(o.table_q, dq_grid);
+      sv = o.table_grad_buffer(o.table_v, dq_grid);
+      sk = o.table_grad_buffer(o.table_k, dkv_grid);
+      a.dtq = sq.numel() ? sq.data_ptr<A>() : nullptr;
+      a.dtv = sv.numel() ? sv.data_ptr<A>() : nullptr;
+      a.dtk = sk.numel() ? sk.data_ptr<A>() : nullptr;
+    };
     dispatch_head_dim(o.d, [&](auto dp) {
+      constexpr int DP = decltype(dp)::value;
+      if constexpr (kTensorCores<T>) {
+        if (launch_mma_backward<DP>(o, a, make_slots)) return;
+      }
       dispatch_rel(o, [&](auto rel) {
-        constexpr int DP = decltype(dp)::value;
         constexpr bool REL = decltype(rel)::value;
         const int ntiles = num_tiles(o);
         auto* dq_kernel = bwd_dq_kernel<DP, T, REL>;
+        auto* dkv_kernel = bwd_dkv_kernel<DP, T, REL>;
         const size_t dq_bytes = prepare<DqSmem<DP, T>>(dq_kernel, a, "window_attention backward");
-        const int dq_grid = persistent_grid(dq_kernel, a, dq_bytes, ntiles);
-        sq = o.table_grad_buffer(o.table_q, dq_grid);
-        sv = o.table_grad_buffer(o.table_v, dq_grid);
-        a.dtq = sq.numel() ? sq.data_ptr<A>() : nullptr;
-        a.dtv = sv.numel() ? sv.data_ptr<A>() : nullptr;
+        const size_t dkv_bytes = prepare<DkvSmem<DP, T>>(dkv_kernel, a, "window_attention backward");
+        const int dq_grid = persistent_grid(dq_kernel, dq_bytes, ntiles, a.H);
+        const int dkv_grid = persistent_grid(dkv_kernel, dkv_bytes, ntiles, a.H);
+        make_slots(dq_grid, dkv_grid);
         a.tile_counter = counters.data_ptr<int32_t>();
         launch(dq_kernel, a, dq_grid, dq_bytes);  // also writes delta, read by the key side
-        auto* dkv_kernel = bwd_dkv_kernel<DP, T, REL>;
-        const size_t dkv_bytes = prepare<DkvSmem<DP, T>>(dkv_kernel, a, "window_attention backward");
-        const int dkv_grid = persistent_grid(dkv_kernel, a, dkv_bytes, ntiles);
-        sk = o.table_grad_buffer(o.table_k, dkv_grid);
-        a.dtk = sk.numel() ? sk.data_ptr<A>() : nullptr;
         a.tile_counter = counters.data_ptr<int32_t>() + o.H;
         launch(dkv_kernel, a, dkv_grid, dkv_bytes);
       });

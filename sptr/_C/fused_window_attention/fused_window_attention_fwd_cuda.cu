@@ -1,6 +1,10 @@
-// CUDA forward of the fused window attention (flash-attention style over variable-size windows).
-// Pass 1 finds each row's log-sum-exp, pass 2 accumulates the exactly normalised P·V (no rescaling, so the
-// value-table histogram needs none either); only out and lse are stored.
+// CUDA forward of the fused window attention (flash-attention style over variable-size windows); only out
+// and lse are stored.
+// fp16/bf16 without tables: fwd_mma_kernel, one pass with an online softmax, both products on mma.sync
+// with the logits and probabilities in registers.
+// Otherwise (fp32/fp64, relative-position tables, other head dims): fwd_kernel, two passes (the first finds
+// each row's log-sum-exp, the second accumulates the exactly normalised P·V, so the value-table histogram
+// needs no rescaling).
 #include <torch/library.h>
 
 #include <sptr/dispatch.h>
@@ -114,6 +118,250 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T
   }
 }
 
+// ------------------------------------------------------------------------------- forward on mma.sync
+// A CTA takes 64 query rows of one head (16 per warp) and walks the key blocks of their windows, K/V
+// blocks double-buffered in shared memory by cp.async; a warp skips the key groups outside its rows'
+// windows. With tables (REL): the query-side table products Qt (64 x 3L) are made once, the key-side Kt
+// per key block, both on the tensor cores; each pair gathers its three rows of each, and the value
+// table enters through per-row histograms Hv of P (rescaled with the running max), multiplied with Tv
+// at the end.
+template <int DP, typename T, bool REL>
+struct MmaFwdSmem {
+  static constexpr int BN = REL ? 32 : mma::kBlock<DP>, LD = mma::kLd<DP>;
+  // Two buffers each (index buf · size, never an array of pointers: a run-time index would put it on the stack).
+  T *K, *V, *table = nullptr;
+  int* kc = nullptr;    // key coordinates (BN, 3)
+  float* kr = nullptr;  // key radii (BN)
+  float *qt = nullptr, *kt = nullptr, *hv = nullptr;
+  int lp = 0;  // row pitch of qt, kt, hv (floats)
+  __host__ __device__ MmaFwdSmem(Bump& b, const Args<T>& a) : K(b.take<T>(2 * BN * LD)), V(b.take<T>(2 * BN * LD)) {
+    if (!REL) return;
+    lp = a.L3p + 4;
+    table = b.take<T>(a.L3p * LD);
+    kc = b.take<int>(2 * BN * 3);
+    kr = b.take_if<float>(a.rel.radius != nullptr, 2 * BN);
+    qt = b.take_if<float>(a.tq != nullptr, mma::kRows * lp);
+    kt = b.take_if<float>(a.tk != nullptr, BN * lp);
+    hv = b.take_if<float>(a.tv != nullptr, mma::kRows * lp);
+  }
+};
+
+template <int DP, typename T, bool REL>
+__global__ void __launch_bounds__(mma::kThreads) fwd_mma_kernel(const Args<T> a) {
+  using namespace mma;
+  using Smem = MmaFwdSmem<DP, T, REL>;
+  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8;
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const Smem sm(bump, a);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int h = blockIdx.x % a.H, r0 = (blockIdx.x / a.H) * kRows;
+  const int nrows = min(kRows, a.N - r0);
+  const int kbeg = a.bounds[r0].x, kend = a.bounds[r0 + nrows - 1].y;
+  const int w0 = r0 + warp * 16;
+  const bool active = w0 < a.N;
+  const int2 wrange = active ? make_int2(a.bounds[w0].x, a.bounds[min(w0 + 15, a.N - 1)].y) : make_int2(0, 0);
+  const int2 win0 = row_bounds(a.bounds, a.N, w0 + g), win1 = row_bounds(a.bounds, a.N, w0 + g + 8);
+  uint32_t qf[DP / 16][4];
+  load_a_rows<DP>(qf, a.q, a.N, a.H, w0, h);
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;  // logits in log2 units: exp2 instead of exp
+  // REL: the thread's two query rows (coordinates, radii, products and histogram rows).
+  int cq[2][3] = {};
+  float rq[2] = {0.f, 0.f};
+  float *qt_row[2] = {nullptr, nullptr}, *hv_row[2] = {nullptr, nullptr};
+  if constexpr (REL) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = w0 + g + 8 * i;
+      for (int c = 0; c < 3; ++c) cq[i][c] = row < a.N ? a.rel.coords[(int64_t)row * 3 + c] : 0;
+      if (a.rel.radius && row < a.N) rq[i] = a.rel.radius[row];
+      if (a.tq) qt_row[i] = sm.qt + (warp * 16 + g + 8 * i) * sm.lp;
+      if (a.tv) hv_row[i] = sm.hv + (warp * 16 + g + 8 * i) * sm.lp;
+    }
+    if (a.tq) {
+      async_rows<DP, LD, kThreads>(sm.table, a.tq, a.H, 0, a.L3, a.L3p, h);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+      table_products<DP, LD>(sm.qt + warp * 16 * sm.lp, sm.lp, qf, sm.table, 0, a.L3p / 16);
+      __syncthreads();
+    }
+    if (a.tk) {  // waited for with the first key block
+      async_rows<DP, LD, kThreads>(sm.table, a.tk, a.H, 0, a.L3, a.L3p, h);
+      cp_async_commit();
+    }
+    if (a.tv)
+      for (int i = lane; i < 16 * sm.lp; i += 32) sm.hv[warp * 16 * sm.lp + i] = 0.f;
+    __syncwarp();
+  }
+  float o[DT][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int nblocks = (kend - kbeg + BN - 1) / BN;
+  auto load = [&](int blk) {
+    const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
+    async_rows<DP, LD, kThreads>(sm.K + buf * BN * LD, a.k, a.H, c0, n, BN, h);
+    async_rows<DP, LD, kThreads>(sm.V + buf * BN * LD, a.v, a.H, c0, n, BN, h);
+    if constexpr (REL) {
+      for (int i = threadIdx.x; i < BN; i += kThreads) {
+        const bool ok = i < n;
+        const int j = ok ? c0 + i : 0;
+        for (int c = 0; c < 3; ++c) cp_async_4(sm.kc + (buf * BN + i) * 3 + c, a.rel.coords + (int64_t)j * 3 + c, ok);
+        if (a.rel.radius) cp_async_4(sm.kr + buf * BN + i, a.rel.radius + j, ok);
+      }
+    }
+    cp_async_commit();
+  };
+  if (nblocks > 0) load(0);
+  for (int blk = 0; blk < nblocks; ++blk) {
+    if (blk + 1 < nblocks) {
+      load(blk + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int c0 = kbeg + blk * BN, buf = blk & 1;
+    const T* K = sm.K + buf * BN * LD;
+    const T* V = sm.V + buf * BN * LD;
+    const int* kc = sm.kc + buf * BN * 3;
+    const float* kr = sm.kr + buf * BN;
+    if constexpr (REL) {
+      if (a.tk) {  // Kt of the block: warps split its 16-row groups and the table columns
+        constexpr int RG = BN / 16, PARTS = kWarps / RG;
+        const int rg = warp % RG, part = warp / RG, npairs = a.L3p / 16;
+        uint32_t kfa[DP / 16][4];
+        ldmatrix_a_rows<DP, LD>(kfa, K + rg * 16 * LD);
+        table_products<DP, LD>(sm.kt + rg * 16 * sm.lp, sm.lp, kfa, sm.table, part * npairs / PARTS,
+                               (part + 1) * npairs / PARTS);
+        __syncthreads();
+      }
+    }
+    if (active && c0 < wrange.y && c0 + BN > wrange.x) {
+      float s[NT][4] = {};
+      uint32_t rows[NT][4];  // REL: the pair's three table rows, packed
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np)
+        if (overlaps16(c0 + 16 * np, wrange)) mma_abt_pair<DP, LD>(s, qf, K, np);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int j0 = c0 + nt * 8;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = nt * 8 + 2 * t + (e & 1), j = c0 + col, i = e >> 1;
+          const int2 w = i ? win1 : win0;
+          rows[nt][e] = 0;
+          if (j0 >= wrange.y || j0 + 8 <= wrange.x || j < w.x || j >= w.y) {
+            s[nt][e] = -INFINITY;
+            continue;
+          }
+          if constexpr (REL) {
+            const uint32_t packed = pack_rows(a.rel, cq[i], kc + col * 3, rq[i], a.rel.radius ? kr[col] : 0.f);
+            rows[nt][e] = packed;
+            const float qb = a.tq ? gather3(qt_row[i], packed) : 0.f;
+            const float kb = a.tk ? gather3(sm.kt + col * sm.lp, packed) : 0.f;
+            s[nt][e] = (s[nt][e] + qb) * sl2 + kb * kLog2e;
+          } else {
+            s[nt][e] *= sl2;
+          }
+        }
+      }
+      float mx[2] = {m[0], m[1]};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+      }
+      float ref[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = quad_max(mx[i]);
+        ref[i] = mx[i] == -INFINITY ? 0.f : mx[i];  // a row with nothing valid yet keeps p = 0, no NaN
+        const float alpha = exp2f(m[i] - ref[i]);
+        m[i] = mx[i];
+        l[i] *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          o[dt][2 * i] *= alpha;
+          o[dt][2 * i + 1] *= alpha;
+        }
+        if constexpr (REL) {
+          if (a.tv && alpha != 1.f)  // quad-uniform: the quad rescales its row's histogram
+            for (int c = t; c < a.L3p; c += 4) hv_row[i][c] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] = exp2f(s[nt][e] - ref[e >> 1]);
+          l[e >> 1] += s[nt][e];
+        }
+      if constexpr (REL) {
+        if (a.tv) quad_hist_add(hv_row[0], hv_row[1], rows, s);
+      }
+#pragma unroll
+      for (int kk = 0; kk < NT / 2; ++kk) {
+        if (!overlaps16(c0 + 16 * kk, wrange)) continue;
+        uint32_t pa[4];
+        c_to_a<T>(pa, s, kk);
+        mma_ab<DP, LD>(o, pa, V, kk);
+      }
+    }
+    __syncthreads();
+  }
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = quad_sum(l[i]);
+    inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
+  }
+  if constexpr (REL) {
+    if (a.tv) {  // out = (P·V + Hv·Tv) / l, Hv normalised before its rounding to T
+      async_rows<DP, LD, kThreads>(sm.table, a.tv, a.H, 0, a.L3, a.L3p, h);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[dt][e] *= inv[e >> 1];
+      if (active)
+        for (int kk = 0; kk < a.L3p / 16; ++kk) {
+          uint32_t ha[4];
+          smem_rows_to_a<T>(ha, sm.hv + warp * 16 * sm.lp, sm.lp, kk, inv[0], inv[1]);
+          mma_ab<DP, LD>(o, ha, sm.table, kk);
+        }
+      inv[0] = inv[1] = 1.f;
+    }
+  }
+  if (!active) return;
+  store_c_rows<DP>(a.o, o, a.N, a.H, w0, h, inv[0], inv[1]);
+  if (t == 0)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = w0 + g + 8 * i;
+      if (row < a.N) a.lse[(int64_t)row * a.H + h] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2 : 0.f;
+    }
+}
+
+// Launches the mma.sync forward if it applies (fp16/bf16, head dim 16..128 with aligned rows, its shared
+// memory fits); false leaves the work to fwd_kernel.
+template <int DP, typename T>
+bool launch_mma_forward(const FusedOperands& o, const Args<T>& a) {
+  if (!a.vec) return false;
+  auto run = [&](auto rel) {
+    constexpr bool REL = decltype(rel)::value;
+    auto* kernel = fwd_mma_kernel<DP, T, REL>;
+    const size_t bytes = smem_bytes<MmaFwdSmem<DP, T, REL>>(a);
+    if (bytes > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return false;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    kernel<<<mma_grid(o), mma::kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  };
+  return o.has_rel() ? (3 * o.L <= kMaxRows3 && run(std::true_type())) : run(std::false_type());
+}
+
 std::tuple<at::Tensor, at::Tensor> window_attention_fwd_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& offsets,
     const std::optional<at::Tensor>& coords, const std::optional<at::Tensor>& radius,
@@ -132,8 +380,11 @@ std::tuple<at::Tensor, at::Tensor> window_attention_fwd_cuda(
     a.o = reinterpret_cast<T*>(out.data_ptr<scalar_t>());
     a.lse = lse.data_ptr<acc_t<T>>();
     dispatch_head_dim(o.d, [&](auto dp) {
+      constexpr int DP = decltype(dp)::value;
+      if constexpr (kTensorCores<T>) {
+        if (launch_mma_forward<DP>(o, a)) return;
+      }
       dispatch_rel(o, [&](auto rel) {
-        constexpr int DP = decltype(dp)::value;
         constexpr bool REL = decltype(rel)::value;
         const size_t bytes = prepare<FwdSmem<DP, T>>(fwd_kernel<DP, T, REL>, a, "window_attention");
         launch(fwd_kernel<DP, T, REL>, a, num_tiles(o), bytes);

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "fused_window_attention_host.h"
+#include "fused_window_attention_mma.cuh"
 
 namespace sptr {
 namespace {  // each translation unit keeps its own copy of these kernels and helpers
@@ -282,14 +283,79 @@ struct OutTiles {
   }
 };
 
+// Packed table rows of the pair (query with coordinates ci and radius ri, key with cj, rj).
+__device__ __forceinline__ uint32_t pack_rows(const RelPosParams& p, const int* ci, const int* cj, float ri, float rj) {
+  uint32_t rows = 0;
+#pragma unroll
+  for (int a = 0; a < 3; ++a) rows |= uint32_t(rel_row(p, ci, cj, ri, rj, a)) << (10 * a);
+  return rows;
+}
+
 // Packed table rows of pair (query row r of `qs`, key row c of `ks`).
 __device__ __forceinline__ uint32_t pair_rows(const RelPosParams& p, const TokenInfo& qs, const TokenInfo& ks,
                                               int r, int c) {
-  const float ri = p.radius ? qs.radius[r] : 0.f, rj = p.radius ? ks.radius[c] : 0.f;
-  uint32_t rows = 0;
+  return pack_rows(p, qs.coords + r * 3, ks.coords + c * 3, p.radius ? qs.radius[r] : 0.f,
+                   p.radius ? ks.radius[c] : 0.f);
+}
+
+// Σ over the pair's three table rows of a per-token row of table products.
+__device__ __forceinline__ float gather3(const float* x, uint32_t rows) {
+  return x[table_row(rows, 0)] + x[table_row(rows, 1)] + x[table_row(rows, 2)];
+}
+
+// hist0 (row g) / hist1 (row g+8) [table row] += val for the thread's nonzero C entries of an mma tile, the
+// four lanes of a quad (which share the rows) one after another: a fixed summation order.
+template <int NT>
+__device__ __forceinline__ void quad_hist_add(float* hist0, float* hist1, const uint32_t (&rows)[NT][4],
+                                              const float (&val)[NT][4]) {
+  const int t = threadIdx.x & 3;
+  __syncwarp();
 #pragma unroll
-  for (int a = 0; a < 3; ++a) rows |= uint32_t(rel_row(p, qs.coords + r * 3, ks.coords + c * 3, ri, rj, a)) << (10 * a);
-  return rows;
+  for (int turn = 0; turn < 4; ++turn) {
+    if (t == turn)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (val[nt][e] != 0.f) {
+            float* hist = e < 2 ? hist0 : hist1;
+            for (int c = 0; c < 3; ++c) hist[table_row(rows[nt][e], c)] += val[nt][e];
+          }
+    __syncwarp();
+  }
+}
+
+// Table gradient of a 64-row tile on the tensor cores: slot[n][h][c] += f · Σ_r Hist[r][n] · X[r][c] for
+// n < L3, with Hist (64 x lp, fp32) and X (64 x LD, rows of T) in shared memory; warps take 16 table rows
+// at a time. The slot (L3, H, DP) belongs to this CTA alone.
+template <int DP, int LD, typename T>
+__device__ void table_grad_mma(float* slot, const float* hist, int lp, const T* X, int L3, int L3p, int H, int h,
+                               float f) {
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  for (int n0 = warp * 16; n0 < L3p; n0 += mma::kWarps * 16) {
+    float acc[DP / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < mma::kRows / 16; ++kk) {
+      const float* hr = hist + (kk * 16 + 2 * t) * lp + n0 + g;  // A[n][r] = Hist[r][n]
+      uint32_t a[4];
+      a[0] = mma::pack2<T>(hr[0], hr[lp]);
+      a[1] = mma::pack2<T>(hr[8], hr[lp + 8]);
+      a[2] = mma::pack2<T>(hr[8 * lp], hr[9 * lp]);
+      a[3] = mma::pack2<T>(hr[8 * lp + 8], hr[9 * lp + 8]);
+      mma::mma_ab<DP, LD>(acc, a, X, kk);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int n = n0 + g + 8 * half;
+      if (n >= L3) continue;
+      float* dst = slot + ((int64_t)n * H + h) * DP + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < DP / 8; ++dt) {
+        dst[dt * 8] += f * acc[dt][2 * half];
+        dst[dt * 8 + 1] += f * acc[dt][2 * half + 1];
+      }
+    }
+  }
 }
 
 // The table-product row `row` of a per-token table in shared memory; a table that is absent gets a
@@ -373,13 +439,14 @@ void launch(void (*kernel)(const Args<T>), const Args<T>& a, int grid_x, size_t 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Backward CTAs are persistent (each owns a slot of the table-gradient partials): as many as fit at once.
+// Backward CTAs are persistent (each owns a slot of the table-gradient partials): as many as fit at once,
+// spread over `rows` grid rows, at most `work` in a row.
 template <typename T>
-int persistent_grid(void (*kernel)(const Args<T>), const Args<T>& a, size_t bytes, int ntiles) {
+int persistent_grid(void (*kernel)(const Args<T>), size_t bytes, int work, int rows) {
   int per_sm = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, bytes));
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  return std::max(1, std::min(ntiles, std::max(1, per_sm) * sms / a.H));
+  return std::max(1, std::min(work, std::max(1, per_sm) * sms / rows));
 }
 
 // f(std::integral_constant<bool, rel>) for the kernels with or without relative-position tables.
@@ -427,6 +494,14 @@ Args<T> make_args(const FusedOperands& o, double scale, const at::Tensor& bounds
 }
 
 int num_tiles(const FusedOperands& o) { return static_cast<int>((o.N + kBM - 1) / kBM); }
+
+// Work items of the mma.sync kernels: one per 64-row tile and head, heads adjacent (they read the same tokens).
+unsigned int mma_grid(const FusedOperands& o) {
+  const int64_t ctas = (o.N + mma::kRows - 1) / mma::kRows * o.H;
+  SPTR_CHECK_VALUE(ctas < (int64_t(1) << 31), "window_attention: too many tokens x heads for one launch (", o.N,
+                   " x ", o.H, ")");
+  return static_cast<unsigned int>(ctas);
+}
 
 at::Tensor token_bounds(const FusedOperands& o) {
   at::Tensor bounds = at::empty({o.N, 2}, o.offsets.options());

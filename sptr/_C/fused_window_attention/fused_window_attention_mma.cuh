@@ -1,0 +1,250 @@
+// Register-level tensor-core building blocks of the fp16/bf16 fused window attention kernels (sm_80+):
+// mma.sync m16n8k16 with fp32 accumulation, ldmatrix, cp.async, and the fragment moves between them.
+//
+// Fragment layout of m16n8k16 (g = lane / 4, t = lane % 4):
+//   A 16x16 (row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 8+2t..), a3 = (g+8, 8+2t..)
+//   B 16x8  (k x n):     b0 = (k 2t..2t+1, n g), b1 = (k 8+2t.., n g)
+//   C 16x8:              c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+// Two C tiles side by side (16 x 16) hold exactly the A fragment of the next product, which is how the
+// probabilities and logit gradients feed the second product without leaving registers.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace sptr {
+namespace mma {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared without a register round trip; zero-filled when !valid (src is not read then).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c += a · b, fp32 accumulation.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "mma_16816 takes __half or __nv_bfloat16");
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats rounded to T, x in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float x, float y) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 v = __floats2half2_rn(x, y);
+    r = *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    r = *reinterpret_cast<const uint32_t*>(&v);
+  }
+  return r;
+}
+
+// A fragment of keys [16·kk, 16·kk + 16) from the C tiles 2kk and 2kk + 1 of a 16-row product.
+template <typename T, int NT>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c)[NT][4], int kk) {
+  a[0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// A fragments of rows [row0, row0 + 16) of head h of x (N, H, DP), straight from global memory (read once
+// per tile); rows at or past N are zero.
+template <int DP, typename T>
+__device__ __forceinline__ void load_a_rows(uint32_t (&f)[DP / 16][4], const T* x, int N, int H, int row0, int h) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + g + 8 * half;
+    const T* base = x + ((int64_t)row * H + h) * DP + 2 * t;
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; ++kk) {
+      f[kk][half] = row < N ? *reinterpret_cast<const uint32_t*>(base + kk * 16) : 0u;
+      f[kk][2 + half] = row < N ? *reinterpret_cast<const uint32_t*>(base + kk * 16 + 8) : 0u;
+    }
+  }
+}
+
+// acc[nt] += A · Bᵀ for the 16-column pair `np` (C tiles 2np, 2np + 1), B rows (keys) in shared memory as
+// [row][LD] with the reduction dimension (DP) contiguous.
+template <int DP, int LD, typename T, int NT>
+__device__ __forceinline__ void mma_abt_pair(float (&acc)[NT][4], const uint32_t (&a)[DP / 16][4], const T* B,
+                                             int np) {
+  const int lane = threadIdx.x & 31;
+  const T* rowp = B + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < DP / 16; ++kk) {
+    uint32_t b[4];
+    ldmatrix_x4(b, rowp + kk * 16);
+    mma_16816<T>(acc[2 * np], a[kk], b[0], b[1]);
+    mma_16816<T>(acc[2 * np + 1], a[kk], b[2], b[3]);
+  }
+}
+
+// acc (16 x DP) += A (16 x 16 keys of pair kk) · B (keys x DP), B rows in shared memory as [key][LD].
+template <int DP, int LD, typename T>
+__device__ __forceinline__ void mma_ab(float (&acc)[DP / 8][4], const uint32_t (&a)[4], const T* B, int kk) {
+  const int lane = threadIdx.x & 31;
+  const T* rowp = B + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+#pragma unroll
+  for (int dp = 0; dp < DP / 16; ++dp) {
+    uint32_t b[4];
+    ldmatrix_x4_trans(b, rowp + dp * 16);
+    mma_16816<T>(acc[2 * dp], a, b[0], b[1]);
+    mma_16816<T>(acc[2 * dp + 1], a, b[2], b[3]);
+  }
+}
+
+// Rows [row0, row0 + nvalid) of head h of x (N, H, DP) into dst[rows][LD] by cp.async, zero past nvalid.
+template <int DP, int LD, int THREADS, typename T>
+__device__ __forceinline__ void async_rows(T* dst, const T* x, int H, int row0, int nvalid, int rows, int h) {
+  constexpr int CH = DP * sizeof(T) / 16;  // 16-byte chunks per row
+  for (int idx = threadIdx.x; idx < rows * CH; idx += THREADS) {
+    const int r = idx / CH, c = (idx % CH) * (16 / sizeof(T));
+    const bool ok = r < nvalid;
+    cp_async_16(dst + r * LD + c, ok ? x + ((int64_t)(row0 + r) * H + h) * DP + c : x, ok);
+  }
+}
+
+// A fragments of 16 rows of a [row][LD] tile in shared memory.
+template <int DP, int LD, typename T>
+__device__ __forceinline__ void ldmatrix_a_rows(uint32_t (&f)[DP / 16][4], const T* X) {
+  const int lane = threadIdx.x & 31;
+  const T* p = X + (lane & 15) * LD + (lane >> 4) * 8;
+#pragma unroll
+  for (int kk = 0; kk < DP / 16; ++kk) ldmatrix_x4(f[kk], p + kk * 16);
+}
+
+// dst[r][n] = X_r · T_n (fp32, row pitch lp) for the 16 rows whose A fragments are `a` and the table rows
+// n in [16·np0, 16·np1) of T ([row][LD] in shared memory): the per-token table products.
+template <int DP, int LD, typename T>
+__device__ __forceinline__ void table_products(float* dst, int lp, const uint32_t (&a)[DP / 16][4], const T* table,
+                                               int np0, int np1) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  for (int np = np0; np < np1; ++np) {
+    float c[2][4] = {};
+    mma_abt_pair<DP, LD>(c, a, table + np * 16 * LD, 0);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int col = np * 16 + nt * 8 + 2 * t;
+      *reinterpret_cast<float2*>(dst + g * lp + col) = make_float2(c[nt][0], c[nt][1]);
+      *reinterpret_cast<float2*>(dst + (g + 8) * lp + col) = make_float2(c[nt][2], c[nt][3]);
+    }
+  }
+}
+
+// A fragment of columns [16·kk, 16·kk + 16) of 16 fp32 rows (pitch lp) in shared memory, row g scaled by
+// f0 and row g+8 by f1, rounded to T.
+template <typename T>
+__device__ __forceinline__ void smem_rows_to_a(uint32_t (&a)[4], const float* X, int lp, int kk, float f0, float f1) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const float2 x0 = *reinterpret_cast<const float2*>(X + g * lp + kk * 16 + 2 * t);
+  const float2 x1 = *reinterpret_cast<const float2*>(X + (g + 8) * lp + kk * 16 + 2 * t);
+  const float2 x2 = *reinterpret_cast<const float2*>(X + g * lp + kk * 16 + 8 + 2 * t);
+  const float2 x3 = *reinterpret_cast<const float2*>(X + (g + 8) * lp + kk * 16 + 8 + 2 * t);
+  a[0] = pack2<T>(x0.x * f0, x0.y * f0);
+  a[1] = pack2<T>(x1.x * f1, x1.y * f1);
+  a[2] = pack2<T>(x2.x * f0, x2.y * f0);
+  a[3] = pack2<T>(x3.x * f1, x3.y * f1);
+}
+
+// Stores rows g and g+8 of a 16 x DP fp32 accumulator (times f) to head h of y (N, H, DP).
+template <int DP, typename T>
+__device__ __forceinline__ void store_c_rows(T* y, const float (&c)[DP / 8][4], int N, int H, int row0, int h,
+                                             float f0, float f1) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + g + 8 * half;
+    if (row >= N) continue;
+    const float f = half ? f1 : f0;
+    T* base = y + ((int64_t)row * H + h) * DP + 2 * t;
+#pragma unroll
+    for (int dt = 0; dt < DP / 8; ++dt)
+      *reinterpret_cast<uint32_t*>(base + dt * 8) = pack2<T>(c[dt][2 * half] * f, c[dt][2 * half + 1] * f);
+  }
+}
+
+// Max / sum over the four lanes of a quad (the lanes that share a C row).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kWarps = 4, kThreads = kWarps * 32;
+constexpr int kRows = kWarps * 16;  // query (or key) rows of a CTA, 16 per warp
+// Keys (or queries) per block of the inner loop, and the shared-memory row pitch (16-byte rows spread over
+// all banks, so ldmatrix is conflict-free).
+template <int DP> constexpr int kBlock = DP <= 64 ? 64 : 32;
+template <int DP> constexpr int kLd = DP + 8;
+
+// Window [lo, hi) of token i, or an empty one past the last token.
+__device__ __forceinline__ int2 row_bounds(const int2* bounds, int N, int i) {
+  return i < N ? bounds[i] : make_int2(0, 0);
+}
+
+// Whether the 16 columns from c0 touch [range.x, range.y) (warp-uniform: skips products that are all masked).
+__device__ __forceinline__ bool overlaps16(int c0, int2 range) { return c0 < range.y && c0 + 16 > range.x; }
+
+// s = f·s where column c0 + (local column) lies in the window of the thread's row (rows g: w0, g+8: w1), else -inf.
+template <int NT>
+__device__ __forceinline__ void mask_scale(float (&s)[NT][4], int c0, int2 w0, int2 w1, float f) {
+  const int t = threadIdx.x & 3;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = c0 + nt * 8 + 2 * t + (e & 1);
+      const int2 w = e < 2 ? w0 : w1;
+      s[nt][e] = (j >= w.x && j < w.y) ? s[nt][e] * f : -INFINITY;
+    }
+}
+
+}  // namespace mma
+}  // namespace sptr
