@@ -127,8 +127,10 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window_offsets: Tensor, *,
     ``scale`` (default ``d**-0.5``) multiplies the query side of the logits: ``scale·(q·k + q·E_Tq) + k·E_Tk``,
     i.e. SparseTransformer's pre-scaled query. Differentiable in q, k, v and the tables. Under autocast the
     floating inputs are cast to the autocast dtype (as ``scaled_dot_product_attention``); otherwise they must
-    share one dtype. q/k/v gradients are always bitwise reproducible; ``deterministic=True`` makes the table
-    gradients so on CUDA too (it fixes which CTA sums which tiles; by default tiles go to whichever is free).
+    share one dtype. q/k/v gradients are always bitwise reproducible, and so are all gradients of the CUDA
+    tensor-core path (fp16/bf16, head dim 16/32/64/128, tables that fit in shared memory); elsewhere on CUDA
+    ``deterministic=True`` makes the table gradients reproducible too (it fixes which CTA sums which tiles; by
+    default tiles go to whichever is free).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, dim=3, dtypes=FLOATING, device=q.device if name != "q" else None)
