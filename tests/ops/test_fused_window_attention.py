@@ -68,15 +68,13 @@ def reference(offsets, scale):
     return lambda q, k, v, rp: window_attention_reference(q, k, v, offsets, rp, scale)
 
 
-@pytest.mark.parametrize("device", device_params())
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tables,radial", [(t, False) for t in TABLE_SETS] + [("qk", True), ("qkv", True),
-                                                                                  ("v", True)])
-def test_forward_backward_match_reference(device, dtype, tables, radial):
-    q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, dtype, device, TABLE_SETS[tables], radial)
-    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(device)
-    out, grads = run_with_grads(fused(offsets, 0.3), q, k, v, rel_pos, upstream)
-    ref, ref_grads = run_with_grads(reference(offsets, 0.3), q, k, v, rel_pos, upstream, dtype=torch.float64)
+def assert_matches_reference(q, k, v, offsets, rel_pos, scale, seed):
+    """Output and every gradient of the fused op against the float64 reference, with a random upstream gradient
+    (seeded), in the inputs' dtype; a table that is absent gets no gradient."""
+    dtype = q.dtype
+    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed)).to(q.device)
+    out, grads = run_with_grads(fused(offsets, scale), q, k, v, rel_pos, upstream)
+    ref, ref_grads = run_with_grads(reference(offsets, scale), q, k, v, rel_pos, upstream, dtype=torch.float64)
     assert out.dtype == dtype
     assert_close("out", out, ref, TOLERANCE[dtype])
     for name, g, r in zip(["dq", "dk", "dv", "dTq", "dTk", "dTv"], grads, ref_grads):
@@ -88,17 +86,20 @@ def test_forward_backward_match_reference(device, dtype, tables, radial):
 
 
 @pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tables,radial", [(t, False) for t in TABLE_SETS] + [("qk", True), ("qkv", True),
+                                                                                  ("v", True)])
+def test_forward_backward_match_reference(device, dtype, tables, radial):
+    q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, dtype, device, TABLE_SETS[tables], radial)
+    assert_matches_reference(q, k, v, offsets, rel_pos, 0.3, seed=1)
+
+
+@pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("d", [8, 32, 48, 64, 128])
 def test_head_dims(device, d):
     dtype = torch.float16 if device == "cuda" else torch.float32
     q, k, v, offsets, rel_pos = make_case([3, 40, 9], 3, d, dtype, device, ("query", "key", "value"))
-    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(device)
-    out, grads = run_with_grads(fused(offsets, d ** -0.5), q, k, v, rel_pos, upstream)
-    ref, ref_grads = run_with_grads(reference(offsets, d ** -0.5), q, k, v, rel_pos, upstream,
-                                    dtype=torch.float64)
-    assert_close("out", out, ref, TOLERANCE[dtype])
-    for name, g, r in zip(["dq", "dk", "dv", "dTq", "dTk", "dTv"], grads, ref_grads):
-        assert_close(name, g, r, (TABLE_TOLERANCE if name.startswith("dT") else TOLERANCE)[dtype])
+    assert_matches_reference(q, k, v, offsets, rel_pos, d ** -0.5, seed=2)
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -110,13 +111,7 @@ def test_plain_low_precision_head_dims(device, dtype, d):
     the tile."""
     counts = [1, 5, 33, 2, 0, 70, 1, 17, 300, 40, 3]
     q, k, v, offsets, _ = make_case(counts, 3, d, dtype, device, seed=11)
-    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(device)
-    out, grads = run_with_grads(fused(offsets, d ** -0.5), q, k, v, None, upstream)
-    ref, ref_grads = run_with_grads(reference(offsets, d ** -0.5), q, k, v, None, upstream, dtype=torch.float64)
-    assert_close("out", out, ref, TOLERANCE[dtype])
-    for name, g, r in zip(["dq", "dk", "dv"], grads, ref_grads):
-        assert g.dtype == dtype
-        assert_close(name, g, r, TOLERANCE[dtype])
+    assert_matches_reference(q, k, v, offsets, None, d ** -0.5, seed=12)
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -128,12 +123,7 @@ def test_sphereformer_table_length(device, dtype, radial):
     counts = [200, 1, 64, 7, 130, 33]
     q, k, v, offsets, rel_pos = make_case(counts, 2, 16, dtype, device, ("query", "key", "value"), radial, seed=13,
                                           qgl=24)
-    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(14)).to(device)
-    out, grads = run_with_grads(fused(offsets, 0.25), q, k, v, rel_pos, upstream)
-    ref, ref_grads = run_with_grads(reference(offsets, 0.25), q, k, v, rel_pos, upstream, dtype=torch.float64)
-    assert_close("out", out, ref, TOLERANCE[dtype])
-    for name, g, r in zip(["dq", "dk", "dv", "dTq", "dTk", "dTv"], grads, ref_grads):
-        assert_close(name, g, r, (TABLE_TOLERANCE if name.startswith("dT") else TOLERANCE)[dtype])
+    assert_matches_reference(q, k, v, offsets, rel_pos, 0.25, seed=14)
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -289,9 +279,4 @@ def test_unchecked_offsets_without_windows_raise(device):
 def test_window_of_thousands_of_tokens_backward(device):
     """A 3,000-token window (94 key blocks on CUDA; no n x n buffer on the CPU) next to a tiny one."""
     q, k, v, offsets, _ = make_case([3000, 2], 2, 16, torch.float32, device, seed=9)
-    upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(10)).to(device)
-    out, grads = run_with_grads(fused(offsets, 0.25), q, k, v, None, upstream)
-    ref, ref_grads = run_with_grads(reference(offsets, 0.25), q, k, v, None, upstream, dtype=torch.float64)
-    assert_close("out", out, ref, TOLERANCE[torch.float32])
-    for name, g, r in zip(["dq", "dk", "dv"], grads, ref_grads):
-        assert_close(name, g, r, TOLERANCE[torch.float32])
+    assert_matches_reference(q, k, v, offsets, None, 0.25, seed=10)
