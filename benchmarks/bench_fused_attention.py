@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BF16_FLOPS, HBM_BYTES_PER_S, peak_mb, table, time_ms  # noqa: E402
+from common import BF16_FLOPS, HBM_BYTES_PER_S, peak_mb, table, time_ms, warm_up_gpu  # noqa: E402
 
 import sptr  # noqa: E402
 from sptr.data import lidar_voxels  # noqa: E402
@@ -190,6 +190,7 @@ def main():
     dev = "cuda"
     xyz, batch = lidar_voxels(args.voxels)
     xyz, batch = xyz.to(dev), batch.to(dev)
+    warm_up_gpu()
     rows = []
     for win in args.window:
         lay = layouts(xyz, batch, win)

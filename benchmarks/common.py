@@ -7,6 +7,15 @@ HBM_BYTES_PER_S = 4.3e12       # measured device-to-device copy on the H200 (rea
 BF16_FLOPS = 7.9e14            # measured dense bf16 matmul on the H200
 
 
+def warm_up_gpu(matmuls=200):
+    """About a second of large matmuls, so that the first timed row does not run at idle clocks."""
+    a = torch.randn(4096, 4096, device="cuda")
+    for _ in range(matmuls):
+        a = a @ a
+        a = a / a.norm()
+    torch.cuda.synchronize()
+
+
 def time_ms(fn, warmup=3, repeat=20):
     """Median milliseconds of `fn()` on the current CUDA stream."""
     for _ in range(warmup):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 from torch import Tensor
@@ -53,26 +54,58 @@ def check_shape(name: str, t: Tensor, shape: tuple) -> None:
         raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
 
 
+# Tensors whose values passed a check, by identity and version counter, so that a layer stack handing one
+# offsets or index tensor to every block pays the host sync once. An in-place write bumps the version (views
+# share it with their base, which is what is remembered for a view, with the view's geometry).
+_PASSED: dict = {}
+
+
+def _cache_key(t: Tensor, check: tuple):
+    owner = t if t._base is None else t._base
+    return owner, (id(owner), check, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+
+def _passed_before(t: Tensor, check: tuple) -> bool:
+    owner, key = _cache_key(t, check)
+    entry = _PASSED.get(key)
+    return entry is not None and entry[0]() is owner and entry[1] == t._version
+
+
+def _remember(t: Tensor, check: tuple) -> None:
+    if len(_PASSED) >= 256:
+        for key in [key for key, (ref, _) in _PASSED.items() if ref() is None]:
+            del _PASSED[key]
+        if len(_PASSED) >= 256:
+            _PASSED.clear()
+    owner, key = _cache_key(t, check)
+    _PASSED[key] = (weakref.ref(owner), t._version)
+
+
 def check_range(name: str, t: Tensor, low: int, high: int) -> None:
-    """Every value in [low, high). One host sync; skipped under torch.compile."""
-    if t.numel() == 0 or not data_checks_enabled():
+    """Every value in [low, high). One host sync the first time a tensor is seen; skipped under torch.compile."""
+    check = ("range", low, high)
+    if t.numel() == 0 or not data_checks_enabled() or _passed_before(t, check):
         return
-    lo, hi = int(t.min()), int(t.max())
+    lo, hi = torch.stack(torch.aminmax(t)).tolist()
     if lo < low or hi >= high:
         raise ValueError(f"{name} must have values in [{low}, {high}), got values in [{lo}, {hi}]")
+    _remember(t, check)
 
 
 def check_offsets(name: str, offsets: Tensor, total: int) -> None:
-    """CSR offsets: first 0, last `total`, non-decreasing."""
+    """CSR offsets: first 0, last `total`, non-decreasing. One host sync the first time a tensor is seen."""
     if offsets.numel() == 0:
         raise ValueError(f"{name} must have at least one entry (N + 1 offsets)")
-    if not data_checks_enabled():
+    check = ("offsets", total)
+    if not data_checks_enabled() or _passed_before(offsets, check):
         return
-    first, last = int(offsets[0]), int(offsets[-1])
+    decreasing = (offsets[1:] < offsets[:-1]).any().to(offsets.dtype)
+    first, last, decreasing = torch.stack((offsets[0], offsets[-1], decreasing)).tolist()
     if first != 0 or last != total:
         raise ValueError(f"{name} must start at 0 and end at {total}, got {first} ... {last}")
-    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+    if decreasing:
         raise ValueError(f"{name} must be non-decreasing")
+    _remember(offsets, check)
 
 
 def common_float_dtype(**tensors: Tensor) -> torch.dtype:

@@ -13,7 +13,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401  (registers torch.ops.sptr)
 
-from ._checks import FLOATING, INDEX, check_offsets, check_shape, check_tensor, data_checks_enabled
+from ._checks import FLOATING, INDEX, check_offsets, check_range, check_shape, check_tensor
 
 _ops = torch.ops.sptr
 
@@ -105,11 +105,9 @@ def _check_rel_pos(rel_pos: RelativePosition, n: int, h: int, d: int, device) ->
     if 2 * shift > length - 1 or shift < 0:
         raise ValueError(f"rel_pos.rel_shift must be in [0, (L-1)/2] so that coords_i - coords_j + rel_shift "
                          f"stays in [0, L-1] (L = {length}), got {shift}")
-    if data_checks_enabled() and n:
-        linear = rel_pos.coords if rel_pos.radius is None else rel_pos.coords[:, :2]
-        lo, hi = int(linear.min()), int(linear.max())
-        if lo < 0 or hi > shift:
-            raise ValueError(f"rel_pos.coords must be in [0, rel_shift = {shift}], got values in [{lo}, {hi}]")
+    # coords_i - coords_j + rel_shift in [0, L-1] for every pair; with a radius, column 2 is not a coordinate
+    linear = rel_pos.coords if rel_pos.radius is None else rel_pos.coords[:, :2]
+    check_range("rel_pos.coords", linear, 0, shift + 1)
 
 
 def _autocast_dtype(device: torch.device):

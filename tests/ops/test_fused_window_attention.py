@@ -1,8 +1,10 @@
 """Fused window attention against the float64 dense reference and against the step-by-step ops."""
+import dataclasses
+
 import pytest
 import torch
 
-from sptr.ops import RelativePosition, data_checks, window_attention
+from sptr.ops import RelativePosition, _checks, data_checks, window_attention
 from sptr.ops.sparse_attention import sparse_self_attention
 from sptr.ops.windowing import get_indices_params, quantised_coords, window_partition
 from sptr.reference.fused_window_attention import window_attention_reference
@@ -237,7 +239,7 @@ def test_bad_input_raises_clear_errors(device):
         window_attention(q, k[:3], v, offsets)
     with pytest.raises(TypeError, match="share one dtype"):
         window_attention(q, k.double(), v, offsets)
-    with pytest.raises(ValueError, match="rel_pos.coords must be in"):
+    with pytest.raises(ValueError, match="rel_pos.coords must have values in"):
         window_attention(q, k, v, offsets, rel_pos=RelativePosition(rel_pos.coords + 5, rel_pos.rel_shift,
                                                                    *rel_pos.tables()))
     with pytest.raises(ValueError, match="rel_pos.query_table must have shape"):
@@ -247,6 +249,31 @@ def test_bad_input_raises_clear_errors(device):
         window_attention(q, k, v, offsets, rel_pos=RelativePosition(rel_pos.coords, 9, *rel_pos.tables()))
     with pytest.raises(ValueError, match="window_offsets must be non-decreasing"):
         window_attention(q, k, v, torch.tensor([0, 5, 2, 7], dtype=torch.int32, device=device))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_checks_see_in_place_changes_of_a_checked_tensor(device):
+    """Value checks remember a tensor that passed (one host sync per tensor, not per call), but an in-place
+    write bumps its version and the next call checks it again."""
+    q, k, v, offsets, rel_pos = make_case([3, 4], 2, 16, torch.float32, device, ("query", "key"))
+    window_attention(q, k, v, offsets, rel_pos=rel_pos)
+    offsets[1] = 9  # offsets (0, 3, 7) -> (0, 9, 7)
+    with pytest.raises(ValueError, match="window_offsets must be non-decreasing"):
+        window_attention(q, k, v, offsets)
+    offsets[1] = 3
+    window_attention(q, k, v, offsets, rel_pos=rel_pos)
+    rel_pos.coords[0, 0] = rel_pos.rel_shift + 1
+    with pytest.raises(ValueError, match="rel_pos.coords must have values in"):
+        window_attention(q, k, v, offsets, rel_pos=rel_pos)
+    # with a radius only columns 0-1 are checked (a view, remembered through its base)
+    rel_pos.coords[0, 0] = 0
+    radial = dataclasses.replace(rel_pos, radius=torch.ones(7, device=device), radial_a=0.5)
+    window_attention(q, k, v, offsets, rel_pos=radial)
+    assert _checks._passed_before(rel_pos.coords[:, :2], ("range", 0, rel_pos.rel_shift + 1))  # a fresh view
+    assert _checks._passed_before(offsets, ("offsets", 7))
+    rel_pos.coords[1, 1] = -1
+    with pytest.raises(ValueError, match="rel_pos.coords must have values in"):
+        window_attention(q, k, v, offsets, rel_pos=radial)
 
 
 @pytest.mark.cuda

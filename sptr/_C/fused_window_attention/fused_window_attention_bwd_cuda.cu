@@ -330,8 +330,8 @@ __device__ void stage_own(const S& sm, const Args<T>& a, const T* x, const T* y,
                           uint32_t (&xf)[DP / 16][4], uint32_t (&yf)[DP / 16][4]) {
   using namespace mma;
   constexpr int LD = kLd<DP>;
-  async_rows<DP, LD, kThreads>(sm.A, x, a.H, r0, n, kRows, h);
-  async_rows<DP, LD, kThreads>(sm.B, y, a.H, r0, n, kRows, h);
+  async_block<DP, LD, kRows, kThreads>(sm.A, x, a.H, r0, n, h);
+  async_block<DP, LD, kRows, kThreads>(sm.B, y, a.H, r0, n, h);
   if (a.tq) async_rows<DP, LD, kThreads>(sm.tq, a.tq, a.H, 0, a.L3, a.L3p, h);
   if (a.tk) async_rows<DP, LD, kThreads>(sm.tk, a.tk, a.H, 0, a.L3, a.L3p, h);
   if (a.tv) async_rows<DP, LD, kThreads>(sm.tv, a.tv, a.H, 0, a.L3, a.L3p, h);
@@ -449,20 +449,12 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
     const int nblocks = (kend - kbeg + BN - 1) / BN;
     auto load = [&](int blk) {
       const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
-      async_rows<DP, LD, kThreads>(sm.X + buf * BN * LD, a.k, a.H, c0, n, BN, h);
-      async_rows<DP, LD, kThreads>(sm.Y + buf * BN * LD, a.v, a.H, c0, n, BN, h);
+      async_block<DP, LD, BN, kThreads>(sm.X + buf * BN * LD, a.k, a.H, c0, n, h);
+      async_block<DP, LD, BN, kThreads>(sm.Y + buf * BN * LD, a.v, a.H, c0, n, h);
       if constexpr (REL) async_coords(sm, a, buf, c0, n);
       cp_async_commit();
     };
-    if (nblocks > 0) load(0);
-    for (int blk = 0; blk < nblocks; ++blk) {
-      if (blk + 1 < nblocks) {
-        load(blk + 1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
+    double_buffered(nblocks, load, [&](int blk) {
       const int c0 = kbeg + blk * BN, buf = blk & 1;
       const T* K = sm.X + buf * BN * LD;
       const T* V = sm.Y + buf * BN * LD;
@@ -476,47 +468,30 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
       }
       if (active && c0 < wrange.y && c0 + BN > wrange.x) {
         float s[NT][4] = {}, dp[NT][4] = {};
-        uint32_t rows[NT][4];
+        uint32_t rows[NT][4] = {};
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np)
           if (overlaps16(c0 + 16 * np, wrange)) {
             mma_abt_pair<DP, LD>(s, qf, K, np);
             mma_abt_pair<DP, LD>(dp, gf, V, np);
           }
-        if constexpr (!REL) {
-          mask_scale(s, c0, win0, win1, sl2);
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dp[nt][e] = exp2f(s[nt][e] - lse2[e >> 1]) * (dp[nt][e] - dl[e >> 1]);
-        } else {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const int j0 = c0 + nt * 8;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = nt * 8 + 2 * t + (e & 1), j = c0 + col, i = e >> 1;
-            const int2 w = i ? win1 : win0;
-            rows[nt][e] = 0;
-            float p = 0.f, ds = 0.f;
-            if (j0 < wrange.y && j0 + 8 > wrange.x && j >= w.x && j < w.y) {
-              float logit2 = s[nt][e] * sl2, dpv = dp[nt][e];
-              if constexpr (REL) {
-                const uint32_t packed = pack_rows(a.rel, cq[i], kc + col * 3, rq[i], a.rel.radius ? kr[col] : 0.f);
-                rows[nt][e] = packed;
-                if (a.tq) logit2 += gather3(qt_row[i], packed) * sl2;
-                if (a.tk) logit2 += gather3(sm.other_p1 + col * sm.lp, packed) * kLog2e;
-                if (a.tv) dpv += gather3(gt_row[i], packed);
-              }
-              p = exp2f(logit2 - lse2[i]);
-              ds = p * (dpv - dl[i]);
-            }
-            s[nt][e] = p;
-            dp[nt][e] = ds;
-          }
-        }
-        if (a.tq) quad_hist_add(hq_row[0], hq_row[1], rows, dp);
-        if (a.tv) quad_hist_add(hv_row[0], hv_row[1], rows, s);
+        backward_probs(s, dp, rows, c0, win0, win1, wrange, sl2,
+                       [&](int, int i) { return make_float2(lse2[i], dl[i]); },
+                       [&](int col, int i, float& logit2, float& dpv) -> uint32_t {  // pair (query row i, key col)
+                         if constexpr (REL) {
+                           const uint32_t packed = pack_rows(a.rel, cq[i], kc + col * 3, rq[i],
+                                                             a.rel.radius ? kr[col] : 0.f);
+                           if (a.tq) logit2 += gather3(qt_row[i], packed) * sl2;
+                           if (a.tk) logit2 += gather3(sm.other_p1 + col * sm.lp, packed) * kLog2e;
+                           if (a.tv) dpv += gather3(gt_row[i], packed);
+                           return packed;
+                         } else {
+                           return 0u;
+                         }
+                       });
+        if constexpr (REL) {
+          if (a.tq) quad_hist_add(hq_row[0], hq_row[1], rows, dp);
+          if (a.tv) quad_hist_add(hv_row[0], hv_row[1], rows, s);
         }
 #pragma unroll
         for (int kk = 0; kk < NT / 2; ++kk) {
@@ -526,8 +501,7 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
           mma_ab<DP, LD>(dq, da, K, kk);
         }
       }
-      __syncthreads();
-    }
+    });
     if constexpr (REL) {
       if (a.tq && active)  // dq's table term Σ_n Hq[n]·Tq[n], scaled with the rest below
         for (int kk = 0; kk < a.L3p / 16; ++kk) {
@@ -598,8 +572,8 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
     const int nblocks = (qend - qbeg + BQ - 1) / BQ;
     auto load = [&](int blk) {
       const int q0 = qbeg + blk * BQ, n = min(BQ, qend - q0), buf = blk & 1;
-      async_rows<DP, LD, kThreads>(sm.X + buf * BQ * LD, a.q, a.H, q0, n, BQ, h);
-      async_rows<DP, LD, kThreads>(sm.Y + buf * BQ * LD, a.dout, a.H, q0, n, BQ, h);
+      async_block<DP, LD, BQ, kThreads>(sm.X + buf * BQ * LD, a.q, a.H, q0, n, h);
+      async_block<DP, LD, BQ, kThreads>(sm.Y + buf * BQ * LD, a.dout, a.H, q0, n, h);
       for (int i = threadIdx.x; i < BQ; i += kThreads) {
         const bool ok = i < n;
         const int64_t at = ok ? (int64_t)(q0 + i) * a.H + h : 0;
@@ -609,15 +583,7 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
       if constexpr (REL) async_coords(sm, a, buf, q0, n);
       cp_async_commit();
     };
-    if (nblocks > 0) load(0);
-    for (int blk = 0; blk < nblocks; ++blk) {
-      if (blk + 1 < nblocks) {
-        load(blk + 1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
+    double_buffered(nblocks, load, [&](int blk) {
       const int q0 = qbeg + blk * BQ, buf = blk & 1;
       const T* Q = sm.X + buf * BQ * LD;
       const T* G = sm.Y + buf * BQ * LD;
@@ -634,51 +600,29 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
       }
       if (active && q0 < wrange.y && q0 + BQ > wrange.x) {
         float s[NT][4] = {}, dp[NT][4] = {};
-        uint32_t rows[NT][4];
+        uint32_t rows[NT][4] = {};
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np)
           if (overlaps16(q0 + 16 * np, wrange)) {
             mma_abt_pair<DP, LD>(s, kf, Q, np);
             mma_abt_pair<DP, LD>(dp, vf, G, np);
           }
-        if constexpr (!REL) {
-          mask_scale(s, q0, win0, win1, sl2);
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int col = nt * 8 + 2 * t + (e & 1);
-              const float p = exp2f(s[nt][e] - lse[col] * kLog2e);
-              s[nt][e] = p;
-              dp[nt][e] = p * (dp[nt][e] - delta[col]);
-            }
-        } else {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const int i0 = q0 + nt * 8;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = nt * 8 + 2 * t + (e & 1), iq = q0 + col, r = e >> 1;
-            const int2 w = r ? win1 : win0;
-            rows[nt][e] = 0;
-            float p = 0.f, ds = 0.f;
-            if (i0 < wrange.y && i0 + 8 > wrange.x && iq >= w.x && iq < w.y) {
-              float logit2 = s[nt][e] * sl2, dpv = dp[nt][e];
-              if constexpr (REL) {  // pair (query iq, key of row r)
-                const uint32_t packed = pack_rows(a.rel, qc + col * 3, ck[r], a.rel.radius ? qr[col] : 0.f, rk[r]);
-                rows[nt][e] = packed;
-                if (a.tq) logit2 += gather3(sm.other_p1 + col * sm.lp, packed) * sl2;
-                if (a.tk) logit2 += gather3(kt_row[r], packed) * kLog2e;
-                if (a.tv) dpv += gather3(sm.other_p2 + col * sm.lp, packed);
-              }
-              p = exp2f(logit2 - lse[col] * kLog2e);
-              ds = p * (dpv - delta[col]);
-            }
-            s[nt][e] = p;
-            dp[nt][e] = ds;
-          }
-        }
-        if (a.tk) quad_hist_add(hk_row[0], hk_row[1], rows, dp);
+        backward_probs(s, dp, rows, q0, win0, win1, wrange, sl2,
+                       [&](int col, int) { return make_float2(lse[col] * kLog2e, delta[col]); },
+                       [&](int col, int r, float& logit2, float& dpv) -> uint32_t {  // pair (query col, key row r)
+                         if constexpr (REL) {
+                           const uint32_t packed = pack_rows(a.rel, qc + col * 3, ck[r], a.rel.radius ? qr[col] : 0.f,
+                                                             rk[r]);
+                           if (a.tq) logit2 += gather3(sm.other_p1 + col * sm.lp, packed) * sl2;
+                           if (a.tk) logit2 += gather3(kt_row[r], packed) * kLog2e;
+                           if (a.tv) dpv += gather3(sm.other_p2 + col * sm.lp, packed);
+                           return packed;
+                         } else {
+                           return 0u;
+                         }
+                       });
+        if constexpr (REL) {
+          if (a.tk) quad_hist_add(hk_row[0], hk_row[1], rows, dp);
         }
 #pragma unroll
         for (int kk = 0; kk < NT / 2; ++kk) {
@@ -690,8 +634,7 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
           mma_ab<DP, LD>(dk, da, Q, kk);
         }
       }
-      __syncthreads();
-    }
+    });
     // dk = scale·dSᵀQ + Σ_n Hk[n]·Tk[n]: the key-side table term carries no scale.
     const float f = static_cast<float>(a.scale);
 #pragma unroll

@@ -125,9 +125,15 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T
 // per key block, both on the tensor cores; each pair gathers its three rows of each, and the value
 // table enters through per-row histograms Hv of P (rescaled with the running max), multiplied with Tv
 // at the end.
+// Without tables, head dims up to 32 take 32-key blocks and eight CTAs per multiprocessor (64 registers, a few
+// spilled): on the H200 that took 27% less time than 64-key blocks at four CTAs (the compiler's own choice), as
+// the kernel is bound by instruction issue and latency at ~2-3 key blocks per CTA (benchmarks/RESULTS.md).
+template <int DP, bool REL> constexpr int kFwdBlock = (REL || DP <= 32) ? 32 : mma::kBlock<DP>;
+template <int DP, bool REL> constexpr int kFwdMinBlocks = (!REL && DP <= 32) ? 8 : 1;
+
 template <int DP, typename T, bool REL>
 struct MmaFwdSmem {
-  static constexpr int BN = REL ? 32 : mma::kBlock<DP>, LD = mma::kLd<DP>;
+  static constexpr int BN = kFwdBlock<DP, REL>, LD = mma::kLd<DP>;
   // Two buffers each (index buf · size, never an array of pointers: a run-time index would put it on the stack).
   T *K, *V, *table = nullptr;
   int* kc = nullptr;    // key coordinates (BN, 3)
@@ -147,7 +153,7 @@ struct MmaFwdSmem {
 };
 
 template <int DP, typename T, bool REL>
-__global__ void __launch_bounds__(mma::kThreads) fwd_mma_kernel(const Args<T> a) {
+__global__ void __launch_bounds__(mma::kThreads, kFwdMinBlocks<DP, REL>) fwd_mma_kernel(const Args<T> a) {
   using namespace mma;
   using Smem = MmaFwdSmem<DP, T, REL>;
   constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8;
@@ -162,6 +168,8 @@ __global__ void __launch_bounds__(mma::kThreads) fwd_mma_kernel(const Args<T> a)
   const bool active = w0 < a.N;
   const int2 wrange = active ? make_int2(a.bounds[w0].x, a.bounds[min(w0 + 15, a.N - 1)].y) : make_int2(0, 0);
   const int2 win0 = row_bounds(a.bounds, a.N, w0 + g), win1 = row_bounds(a.bounds, a.N, w0 + g + 8);
+  // The window of all 16 rows of the warp if they share one (key groups inside it need no mask), else empty.
+  const int2 wshared = active && w0 + 15 < a.N && a.bounds[w0 + 15].x == wrange.x ? wrange : make_int2(0, 0);
   uint32_t qf[DP / 16][4];
   load_a_rows<DP>(qf, a.q, a.N, a.H, w0, h);
   const float sl2 = static_cast<float>(a.scale) * kLog2e;  // logits in log2 units: exp2 instead of exp
@@ -199,8 +207,8 @@ __global__ void __launch_bounds__(mma::kThreads) fwd_mma_kernel(const Args<T> a)
   const int nblocks = (kend - kbeg + BN - 1) / BN;
   auto load = [&](int blk) {
     const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
-    async_rows<DP, LD, kThreads>(sm.K + buf * BN * LD, a.k, a.H, c0, n, BN, h);
-    async_rows<DP, LD, kThreads>(sm.V + buf * BN * LD, a.v, a.H, c0, n, BN, h);
+    async_block<DP, LD, BN, kThreads>(sm.K + buf * BN * LD, a.k, a.H, c0, n, h);
+    async_block<DP, LD, BN, kThreads>(sm.V + buf * BN * LD, a.v, a.H, c0, n, h);
     if constexpr (REL) {
       for (int i = threadIdx.x; i < BN; i += kThreads) {
         const bool ok = i < n;
@@ -211,15 +219,7 @@ __global__ void __launch_bounds__(mma::kThreads) fwd_mma_kernel(const Args<T> a)
     }
     cp_async_commit();
   };
-  if (nblocks > 0) load(0);
-  for (int blk = 0; blk < nblocks; ++blk) {
-    if (blk + 1 < nblocks) {
-      load(blk + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  double_buffered(nblocks, load, [&](int blk) {
     const int c0 = kbeg + blk * BN, buf = blk & 1;
     const T* K = sm.K + buf * BN * LD;
     const T* V = sm.V + buf * BN * LD;
@@ -238,45 +238,51 @@ __global__ void __launch_bounds__(mma::kThreads) fwd_mma_kernel(const Args<T> a)
     }
     if (active && c0 < wrange.y && c0 + BN > wrange.x) {
       float s[NT][4] = {};
-      uint32_t rows[NT][4];  // REL: the pair's three table rows, packed
+      uint32_t rows[NT][4] = {};  // REL: the pair's three table rows, packed
+      bool live[NT / 2];          // the 16 keys touch the warp's windows (warp-uniform); others stay p = 0
 #pragma unroll
-      for (int np = 0; np < NT / 2; ++np)
-        if (overlaps16(c0 + 16 * np, wrange)) mma_abt_pair<DP, LD>(s, qf, K, np);
+      for (int np = 0; np < NT / 2; ++np) {
+        live[np] = overlaps16(c0 + 16 * np, wrange);
+        if (live[np]) mma_abt_pair<DP, LD>(s, qf, K, np);
+      }
+      // The windows of the thread's rows in block columns, less the thread's column offset 2t.
+      const int lo[2] = {win0.x - c0 - 2 * t, win1.x - c0 - 2 * t}, hi[2] = {win0.y - c0 - 2 * t, win1.y - c0 - 2 * t};
+      float mx[2] = {m[0], m[1]};
+      auto logit = [&](int nt, int e) {  // s[nt][e] in log2 units, into the row max
+        const int i = e >> 1;
+        if constexpr (REL) {
+          const int col = nt * 8 + 2 * t + (e & 1);
+          const uint32_t packed = pack_rows(a.rel, cq[i], kc + col * 3, rq[i], a.rel.radius ? kr[col] : 0.f);
+          rows[nt][e] = packed;
+          const float qb = a.tq ? gather3(qt_row[i], packed) : 0.f;
+          const float kb = a.tk ? gather3(sm.kt + col * sm.lp, packed) : 0.f;
+          s[nt][e] = (s[nt][e] + qb) * sl2 + kb * kLog2e;
+        } else {
+          s[nt][e] *= sl2;
+        }
+        mx[i] = fmaxf(mx[i], s[nt][e]);
+      };
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const int j0 = c0 + nt * 8;
+        if (!live[nt / 2]) continue;
+        if (c0 + 16 * (nt / 2) >= wshared.x && c0 + 16 * (nt / 2) + 16 <= wshared.y) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = nt * 8 + 2 * t + (e & 1), j = c0 + col, i = e >> 1;
-          const int2 w = i ? win1 : win0;
-          rows[nt][e] = 0;
-          if (j0 >= wrange.y || j0 + 8 <= wrange.x || j < w.x || j >= w.y) {
-            s[nt][e] = -INFINITY;
-            continue;
-          }
-          if constexpr (REL) {
-            const uint32_t packed = pack_rows(a.rel, cq[i], kc + col * 3, rq[i], a.rel.radius ? kr[col] : 0.f);
-            rows[nt][e] = packed;
-            const float qb = a.tq ? gather3(qt_row[i], packed) : 0.f;
-            const float kb = a.tk ? gather3(sm.kt + col * sm.lp, packed) : 0.f;
-            s[nt][e] = (s[nt][e] + qb) * sl2 + kb * kLog2e;
-          } else {
-            s[nt][e] *= sl2;
+          for (int e = 0; e < 4; ++e) logit(nt, e);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int c = nt * 8 + (e & 1), i = e >> 1;
+            if (c < lo[i] || c >= hi[i]) s[nt][e] = -INFINITY;
+            else logit(nt, e);
           }
         }
-      }
-      float mx[2] = {m[0], m[1]};
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
       }
       float ref[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         mx[i] = quad_max(mx[i]);
         ref[i] = mx[i] == -INFINITY ? 0.f : mx[i];  // a row with nothing valid yet keeps p = 0, no NaN
-        const float alpha = exp2f(m[i] - ref[i]);
+        const float alpha = fast_exp2(m[i] - ref[i]);
         m[i] = mx[i];
         l[i] *= alpha;
 #pragma unroll
@@ -290,25 +296,26 @@ __global__ void __launch_bounds__(mma::kThreads) fwd_mma_kernel(const Args<T> a)
         }
       }
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NT; ++nt) {
+        if (!live[nt / 2]) continue;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[nt][e] = exp2f(s[nt][e] - ref[e >> 1]);
+          s[nt][e] = fast_exp2(s[nt][e] - ref[e >> 1]);
           l[e >> 1] += s[nt][e];
         }
+      }
       if constexpr (REL) {
         if (a.tv) quad_hist_add(hv_row[0], hv_row[1], rows, s);
       }
 #pragma unroll
       for (int kk = 0; kk < NT / 2; ++kk) {
-        if (!overlaps16(c0 + 16 * kk, wrange)) continue;
+        if (!live[kk]) continue;
         uint32_t pa[4];
         c_to_a<T>(pa, s, kk);
         mma_ab<DP, LD>(o, pa, V, kk);
       }
     }
-    __syncthreads();
-  }
+  });
   float inv[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {

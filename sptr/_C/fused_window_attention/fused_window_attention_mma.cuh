@@ -135,14 +135,32 @@ __device__ __forceinline__ void mma_ab(float (&acc)[DP / 8][4], const uint32_t (
   }
 }
 
-// Rows [row0, row0 + nvalid) of head h of x (N, H, DP) into dst[rows][LD] by cp.async, zero past nvalid.
+// 16-byte chunk idx of rows [row0, ...) of head h of x (N, H, DP) into dst[row][LD] by cp.async; rows at or
+// past nvalid are zero.
+template <int DP, int LD, typename T>
+__device__ __forceinline__ void async_chunk(T* dst, const T* x, int H, int row0, int nvalid, int h, int idx) {
+  constexpr int CH = DP * sizeof(T) / 16;  // chunks per row
+  const int r = idx / CH, c = (idx % CH) * (16 / sizeof(T));
+  const bool ok = r < nvalid;
+  cp_async_16(dst + r * LD + c, ok ? x + ((int64_t)(row0 + r) * H + h) * DP + c : x, ok);
+}
+
+// Rows [row0, row0 + nvalid) of head h of x into dst[rows][LD], zero past nvalid.
 template <int DP, int LD, int THREADS, typename T>
 __device__ __forceinline__ void async_rows(T* dst, const T* x, int H, int row0, int nvalid, int rows, int h) {
-  constexpr int CH = DP * sizeof(T) / 16;  // 16-byte chunks per row
-  for (int idx = threadIdx.x; idx < rows * CH; idx += THREADS) {
-    const int r = idx / CH, c = (idx % CH) * (16 / sizeof(T));
-    const bool ok = r < nvalid;
-    cp_async_16(dst + r * LD + c, ok ? x + ((int64_t)(row0 + r) * H + h) * DP + c : x, ok);
+  for (int idx = threadIdx.x; idx < rows * (DP * (int)sizeof(T) / 16); idx += THREADS)
+    async_chunk<DP, LD>(dst, x, H, row0, nvalid, h, idx);
+}
+
+// The same for ROWS known at compile time (the key and query blocks): an unrolled loop without bounds
+// arithmetic when the threads divide the chunks.
+template <int DP, int LD, int ROWS, int THREADS, typename T>
+__device__ __forceinline__ void async_block(T* dst, const T* x, int H, int row0, int nvalid, int h) {
+  constexpr int TOTAL = ROWS * DP * sizeof(T) / 16;
+#pragma unroll
+  for (int k = 0; k < (TOTAL + THREADS - 1) / THREADS; ++k) {
+    const int idx = threadIdx.x + k * THREADS;
+    if (TOTAL % THREADS == 0 || idx < TOTAL) async_chunk<DP, LD>(dst, x, H, row0, nvalid, h, idx);
   }
 }
 
@@ -215,6 +233,14 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// 2^x on the special-function unit, denormal results flushed to zero (exp2f adds a range fix-up around the
+// same instruction); 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kWarps = 4, kThreads = kWarps * 32;
@@ -224,6 +250,24 @@ constexpr int kRows = kWarps * 16;  // query (or key) rows of a CTA, 16 per warp
 template <int DP> constexpr int kBlock = DP <= 64 ? 64 : 32;
 template <int DP> constexpr int kLd = DP + 8;
 
+// Walks blocks 0..nblocks-1 of a double-buffered cp.async pipeline: load(b) issues and commits block b into
+// buffer b % 2, and block b + 1 is in flight while body(b) runs. Barriers before and after each body.
+template <typename Load, typename Body>
+__device__ __forceinline__ void double_buffered(int nblocks, const Load& load, const Body& body) {
+  if (nblocks > 0) load(0);
+  for (int blk = 0; blk < nblocks; ++blk) {
+    if (blk + 1 < nblocks) {
+      load(blk + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    body(blk);
+    __syncthreads();
+  }
+}
+
 // Window [lo, hi) of token i, or an empty one past the last token.
 __device__ __forceinline__ int2 row_bounds(const int2* bounds, int N, int i) {
   return i < N ? bounds[i] : make_int2(0, 0);
@@ -232,18 +276,36 @@ __device__ __forceinline__ int2 row_bounds(const int2* bounds, int N, int i) {
 // Whether the 16 columns from c0 touch [range.x, range.y) (warp-uniform: skips products that are all masked).
 __device__ __forceinline__ bool overlaps16(int c0, int2 range) { return c0 < range.y && c0 + 16 > range.x; }
 
-// s = f·s where column c0 + (local column) lies in the window of the thread's row (rows g: w0, g+8: w1), else -inf.
-template <int NT>
-__device__ __forceinline__ void mask_scale(float (&s)[NT][4], int c0, int2 w0, int2 w1, float f) {
+// The backward's P and dS of a block, in place: s (Q·Kᵀ) becomes P = 2^(f·s + table terms − lse2), dp
+// (dO·Vᵀ) becomes dS = P·(dp + value-table term − delta), where column c0 + (local column) lies in the window
+// of the thread's row (rows g: w0, g+8: w1); elsewhere P = dS = 0. stats(col, i) gives (lse2, delta) of the
+// pair of local column col and row i; terms(col, i, logit2, dp) adds the pair's table terms and returns its
+// packed table rows (into `rows`). 16-column groups that miss the warp's windows (`range`) are skipped: the
+// products skip them too.
+template <int NT, typename Stats, typename Terms>
+__device__ __forceinline__ void backward_probs(float (&s)[NT][4], float (&dp)[NT][4], uint32_t (&rows)[NT][4], int c0,
+                                               int2 w0, int2 w1, int2 range, float f, const Stats& stats,
+                                               const Terms& terms) {
   const int t = threadIdx.x & 3;
+  const int lo[2] = {w0.x - c0 - 2 * t, w1.x - c0 - 2 * t}, hi[2] = {w0.y - c0 - 2 * t, w1.y - c0 - 2 * t};
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
+  for (int nt = 0; nt < NT; ++nt) {
+    if (!overlaps16(c0 + 16 * (nt / 2), range)) continue;
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int j = c0 + nt * 8 + 2 * t + (e & 1);
-      const int2 w = e < 2 ? w0 : w1;
-      s[nt][e] = (j >= w.x && j < w.y) ? s[nt][e] * f : -INFINITY;
+      const int c = nt * 8 + (e & 1), i = e >> 1;
+      float p = 0.f, ds = 0.f;
+      if (c >= lo[i] && c < hi[i]) {
+        const float2 st = stats(c + 2 * t, i);
+        float logit2 = s[nt][e] * f, dpv = dp[nt][e];
+        rows[nt][e] = terms(c + 2 * t, i, logit2, dpv);
+        p = fast_exp2(logit2 - st.x);
+        ds = p * (dpv - st.y);
+      }
+      s[nt][e] = p;
+      dp[nt][e] = ds;
     }
+  }
 }
 
 }  // namespace mma

@@ -1,0 +1,85 @@
+"""Where the fused window attention's forward time goes at ~270k voxels: the whole call (value checks
+included), the call without value checks, the op alone, and its CUDA kernels alone (torch.profiler); plus
+forward+backward. `--once` only runs the op three times, for `ncu -k regex:fwd_mma`.
+
+Run: python benchmarks/profile_fused_forward.py [--window 12] [--heads 4x32]
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_fused_attention import layouts  # noqa: E402
+from common import table, time_ms, warm_up_gpu  # noqa: E402
+
+from sptr.data import lidar_voxels  # noqa: E402
+from sptr.ops import data_checks, window_attention  # noqa: E402
+
+
+def kernel_ms(fn, repeat=10):
+    """Mean summed CUDA kernel time of one call of fn, by name."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeat):
+            fn()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.key_averages():
+        if e.device_time_total > 0:
+            per[e.key[:60]] = e.device_time_total / 1e3 / repeat
+    return per
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--voxels", type=int, default=270_000)
+    ap.add_argument("--window", type=float, default=12)
+    ap.add_argument("--heads", type=str, default="4x32")
+    ap.add_argument("--dtypes", type=str, nargs="+", default=["float16", "bfloat16"])
+    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--once", action="store_true", help="three plain calls of the op and nothing else (for ncu)")
+    args = ap.parse_args()
+    xyz, batch = lidar_voxels(args.voxels)
+    lay = layouts(xyz.cuda(), batch.cuda(), args.window)
+    h, d = (int(x) for x in args.heads.split("x"))
+    if args.once:
+        q = torch.randn(lay["N"], h, d, device="cuda", dtype=getattr(torch, args.dtypes[0]))
+        for _ in range(3):
+            torch.ops.sptr.window_attention_fwd(q, q, q, lay["offsets"], None, None, None, None, None, 0, 0.0,
+                                                d ** -0.5, False)
+        torch.cuda.synchronize()
+        return
+    warm_up_gpu()
+    rows = []
+    for dname in args.dtypes:
+        dtype = getattr(torch, dname)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(lay["N"], h, d, device="cuda", generator=g).to(dtype) for _ in range(3))
+        offsets = lay["offsets"]
+        with torch.no_grad():
+            call = lambda: window_attention(q, k, v, offsets)  # noqa: E731
+            t_call = time_ms(call, 3, args.repeat)
+            with data_checks(False):
+                t_nochk = time_ms(call, 3, args.repeat)
+            op = lambda: torch.ops.sptr.window_attention_fwd(q, k, v, offsets, None, None, None, None, None,  # noqa: E731
+                                                             0, 0.0, d ** -0.5, False)
+            t_op = time_ms(op, 3, args.repeat)
+            kern = kernel_ms(op)
+        qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+        grad = torch.randn_like(q)
+        t_fb = time_ms(lambda: window_attention(qg, kg, vg, offsets).backward(grad), 3, args.repeat)
+        fwd_kernel = sum(t for name, t in kern.items() if "fwd" in name)
+        other = sum(kern.values()) - fwd_kernel
+        rows.append([dname, f"{t_call:.3f}", f"{t_nochk:.3f}", f"{t_op:.3f}", f"{fwd_kernel:.3f}", f"{other:.3f}",
+                     f"{t_fb:.3f}"])
+        print(" | ".join(str(c) for c in rows[-1]), "|", {k_: round(t, 4) for k_, t in kern.items()}, flush=True)
+    print(table(rows, ["dtype", "call ms", "no checks ms", "op ms", "fwd kernel ms", "other kernels ms", "f+b ms"]))
+
+
+if __name__ == "__main__":
+    main()
