@@ -69,4 +69,36 @@ TORCH_LIBRARY(sptr, m) {
   m.def(
       "vision_window_index(Tensor grid_thw, int spatial_merge_size, int window_size, int spatial_merge_unit) "
       "-> (Tensor, Tensor)");
+
+  // MoE routing. expert_ids [T, K] int32/int64; slots whose id is outside [0, num_experts) are dropped. Rows
+  // are grouped by expert (stable in (t, k) order), the first num_out_tokens slots of that order kept, and
+  // expert e's rows start at expert_offsets[e] (a multiple of `align`; padding rows are zero). row_id_map
+  // int32 [K * T] is k-major (entry k * T + t: the row of slot (t, k), or -1). Returns (x_perm, row_id_map,
+  // tokens_per_expert [E], expert_offsets [E + 1]), all on x's device, with no host synchronisation.
+  m.def(
+      "moe_permute(Tensor x, Tensor expert_ids, int num_experts, int num_out_tokens, int align) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
+  // out[t] = sum_k probs[t, k] * x_perm[row_id_map[k * T + t]] over kept copies, fp32 accumulation (probs
+  // absent: weights 1). The backward gives d x_perm (rows of no slot are zero) and, when asked, d probs (fp32).
+  m.def("moe_unpermute_fwd(Tensor x_perm, Tensor row_id_map, Tensor? probs, int num_tokens) -> Tensor");
+  m.def(
+      "moe_unpermute_bwd(Tensor grad, Tensor x_perm, Tensor row_id_map, Tensor? probs, bool probs_grad) "
+      "-> (Tensor, Tensor)");
+  // SwiGLU of grouped rows: group g (rows [off[g], off[g+1])) reads gate columns [0, w_g) and up columns
+  // [w_g, 2 w_g) of h; output [R, max w] (zero elsewhere), fp32 math, one rounding.
+  m.def("moe_swiglu_fwd(Tensor h, Tensor group_offsets, int[] widths) -> Tensor");
+  m.def("moe_swiglu_bwd(Tensor grad, Tensor h, Tensor group_offsets, int[] widths) -> Tensor");
+  // Grouped GEMMs with device-side group offsets (int64 [G + 1]): rows [off[g], off[g+1]) of x times the
+  // nn.Linear weights of group g (weights[g * P + p], [n_gp, k_g], outputs of the P parts side by side);
+  // output [R, max_g sum_p n_gp], zero outside each group's columns and rows. wgrad: dW_g = grad_gᵀ x_g.
+  m.def("moe_grouped_linear(Tensor x, Tensor[] weights, Tensor group_offsets) -> Tensor");
+  m.def(
+      "moe_grouped_linear_wgrad(Tensor grad, Tensor x, Tensor group_offsets, int[] out_features, "
+      "int[] in_features) -> Tensor[]");
+  // Two GEMMs of independent shapes in one call: out_e = op(a_e) · op(w_e), fp32 accumulation.
+  m.def(
+      "dual_gemm(Tensor a0, Tensor a1, Tensor w0, Tensor w1, bool trans_a, bool trans_b) -> (Tensor, Tensor)");
+  m.def(
+      "dual_gemm_out(Tensor a0, Tensor a1, Tensor w0, Tensor w1, bool trans_a, bool trans_b, Tensor(a!) c0, "
+      "Tensor(b!) c1) -> ()");
 }

@@ -5,3 +5,4 @@ from .var_length_attention import VarLengthMultiheadSA, VarLengthMultiheadSAConf
 from .multimodal_rope import MultimodalRotaryEmbedding, MultimodalRotaryEmbeddingConfig  # noqa: F401
 from .sphereformer import SphereFormer, SphereFormerConfig  # noqa: F401
 from .vision_indices import VisionIndexBatch, VisionIndices, VisionIndicesConfig  # noqa: F401
+from .moe import DualExpertFFN, DualExpertFFNConfig, RoutedExpertFFN, RoutedExpertFFNConfig, RoutedOutput  # noqa: F401

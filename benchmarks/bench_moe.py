@@ -1,0 +1,166 @@
+"""MoE ops on the GPU against the alternatives a user would pick, in one run (issue 10's shapes).
+
+1. permute + unpermute, x [6144, 2048] bf16, K = 1 (2 experts, ~15 % on expert 1), 2 and 8 (8 experts):
+   sptr vs a stable argsort + index_select / index_add implementation (eager and torch.compile), as µs per
+   call (eager, and replayed from a CUDA graph = GPU time alone), GB/s and the share of the 4.3 TB/s copy.
+2. asym_dual_gmm bf16 / fp16 at (m0, m1) in {(3000, 700), (16384, 2048), (64, 64), (1, 5000)}, k 2048 / 4096,
+   n0 ≈ 4k/3, n1 = k/2: sptr (auto dispatch), the grouped mma kernel alone (device offsets, as the layers use
+   it), two cuBLAS torch.mm calls, and torch._grouped_mm with expert 1 padded to n0 (bf16 only), as TFLOP/s
+   and the share of 790 TFLOP/s.
+3. DualExpertFFN forward+backward at T = 8192, H = 2048, intermediate (11008, 2048), 15 % action tokens,
+   bf16: sptr (its eager default, cuBLAS per expert after one offsets read, and the sync-free grouped kernel)
+   vs the plain two-expert module, eager and compiled.
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import BF16_FLOPS, HBM_BYTES_PER_S, table, time_ms, warm_up_gpu  # noqa: E402
+
+from sptr.layers import DualExpertFFN, DualExpertFFNConfig  # noqa: E402
+from sptr.ops import moe  # noqa: E402
+from sptr.reference.moe import PlainDualExpertFFN  # noqa: E402
+
+
+def graph_ms(fn, repeat=20):
+    """GPU time of fn replayed from a CUDA graph (no launch overhead)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return time_ms(graph.replay, repeat=repeat)
+
+
+def torch_permute(x, ids):
+    T, K = ids.shape
+    order = torch.sort(ids.reshape(-1), stable=True).indices
+    return x.index_select(0, order // K), order
+
+
+def torch_unpermute(y, order, probs):
+    T, K = probs.shape
+    w = probs.reshape(-1)[order].to(torch.float32)
+    out = torch.zeros(T, y.shape[1], device=y.device, dtype=torch.float32)
+    out.index_add_(0, order // K, y.float() * w[:, None])
+    return out.to(y.dtype)
+
+
+def routing_rows():
+    T, H = 6144, 2048
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    rows = []
+    compiled_permute = torch.compile(torch_permute)
+    compiled_unpermute = torch.compile(torch_unpermute)
+    for K, E in ((1, 2), (2, 8), (8, 8)):
+        ids = (torch.rand(T, 1, device="cuda") < 0.15).long() if K == 1 else torch.rand(T, E, device="cuda").topk(K, -1).indices
+        probs = torch.rand(T, K, device="cuda")
+        perm = moe.permute(x, ids, E)
+        y = perm.x_perm.clone()
+        _, order = torch_permute(x, ids)
+        y_t = y.clone()
+        gb = 2 * H * T * (1 + K) / 1e9
+        impls = [
+            ("sptr", lambda: moe.permute(x, ids, E), lambda: moe.unpermute(y, perm.row_id_map, probs)),
+            ("argsort+index_select", lambda: torch_permute(x, ids), lambda: torch_unpermute(y_t, order, probs)),
+            ("same, torch.compile", lambda: compiled_permute(x, ids), lambda: compiled_unpermute(y_t, order, probs)),
+        ]
+        for name, fp, fu in impls:
+            for op, fn in (("permute", fp), ("unpermute", fu)):
+                eager = time_ms(fn) * 1e3
+                try:
+                    gpu = graph_ms(fn) * 1e3
+                except Exception as exc:  # noqa: BLE001 - a peer that cannot be captured
+                    gpu = float("nan")
+                    print(f"# {name} {op} K={K}: no CUDA graph ({type(exc).__name__})")
+                best = min(eager, gpu) if gpu == gpu else eager
+                rows.append([op, K, name, f"{eager:.1f}", f"{gpu:.1f}", f"{gb / (best * 1e-6):.0f}",
+                             f"{100 * gb * 1e9 / (best * 1e-6) / HBM_BYTES_PER_S:.0f}%"])
+    print(table(rows, ["op", "K", "impl", "eager µs", "graph µs", "GB/s", "of 4.3 TB/s"]))
+
+
+def gemm_rows(dtypes):
+    rows = []
+    for dtype in dtypes:
+        for k in (2048, 4096):
+            n0, n1 = (4 * k) // 3, k // 2
+            for m0, m1 in ((3000, 700), (16384, 2048), (64, 64), (1, 5000)):
+                a0 = torch.randn(m0, k, device="cuda", dtype=dtype)
+                a1 = torch.randn(m1, k, device="cuda", dtype=dtype)
+                w0 = torch.randn(k, n0, device="cuda", dtype=dtype) / k ** 0.5
+                w1 = torch.randn(k, n1, device="cuda", dtype=dtype) / k ** 0.5
+                flop = 2 * k * (m0 * n0 + m1 * n1)
+                x = torch.cat([a0, a1])
+                off = torch.tensor([0, m0, m0 + m1], device="cuda")
+                wt0, wt1 = w0.t().contiguous(), w1.t().contiguous()
+                impls = [
+                    ("sptr asym_dual_gmm", lambda: moe.asym_dual_gmm(a0, a1, w0, w1)),
+                    ("sptr grouped kernel", lambda: moe.grouped_linear(x, [wt0, wt1], off)),
+                    ("2x cuBLAS torch.mm", lambda: (a0 @ w0, a1 @ w1)),
+                ]
+                if dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
+                    wpad = torch.zeros(2, k, n0, device="cuda", dtype=dtype)
+                    wpad[0], wpad[1, :, :n1] = w0, w1
+                    offs = off[1:].to(torch.int32)
+                    impls.append(("torch._grouped_mm (padded)", lambda: torch._grouped_mm(x, wpad, offs=offs)))
+                base = None
+                for name, fn in impls:
+                    try:
+                        ms = time_ms(fn)
+                    except Exception as exc:  # noqa: BLE001
+                        print(f"# {name} {m0},{m1},{k}: {type(exc).__name__}: {exc}")
+                        continue
+                    base = ms if name.startswith("2x cuBLAS") else base
+                    rows.append([str(dtype).replace("torch.", ""), f"{m0},{m1}", k, f"{n0},{n1}", name,
+                                 f"{ms * 1e3:.1f}", f"{flop / ms / 1e9:.0f}", f"{100 * flop / ms / 1e-3 / BF16_FLOPS:.0f}%"])
+                cublas = float(next(r[5] for r in rows[::-1] if r[4].startswith("2x cuBLAS")))
+                for r in rows[-len(impls):]:
+                    r.append(f"{cublas / float(r[5]):.2f}x")
+    print(table(rows, ["dtype", "m0,m1", "k", "n0,n1", "impl", "µs", "TFLOP/s", "of 790", "vs 2x cuBLAS"]))
+
+
+def ffn_rows():
+    T, H, inter = 8192, 2048, (11008, 2048)
+    torch.manual_seed(0)
+    plain = PlainDualExpertFFN(H, inter).cuda().to(torch.bfloat16)
+    fused = DualExpertFFN.from_plain(plain, gemm="cublas")
+    grouped = DualExpertFFN.from_plain(plain, gemm="grouped")
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    index = (torch.rand(T, device="cuda") < 0.15).long()
+    g = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(plain)
+    flop = 3 * 2 * H * 3 * sum(int((index == e).sum()) * i for e, i in enumerate(inter))
+    rows = []
+    impls = (("sptr DualExpertFFN, auto (cuBLAS per expert)", fused), ("sptr DualExpertFFN, grouped (no sync)", grouped),
+             ("plain module", plain), ("plain, torch.compile", compiled))
+    for name, m in impls:
+        def step(m=m):
+            x.grad = None
+            m(x, index).backward(g)
+        fwd = time_ms(lambda m=m: m(x, index))
+        both = time_ms(step)
+        rows.append([name, f"{fwd:.2f}", f"{both:.2f}", f"{flop / both / 1e9:.0f}", f"{100 * flop / both / 1e-3 / BF16_FLOPS:.0f}%"])
+    for r in rows:
+        r.append(f"{float(r[2]) / float(rows[0][2]):.2f}x")
+    print(table(rows, ["impl", "fwd ms", "fwd+bwd ms", "TFLOP/s (f+b)", "of 790", "time vs sptr"]))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parts", default="routing,gemm,ffn")
+    args = parser.parse_args()
+    warm_up_gpu()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    if "routing" in args.parts:
+        routing_rows()
+    if "gemm" in args.parts:
+        gemm_rows([torch.bfloat16, torch.float16])
+    if "ffn" in args.parts:
+        ffn_rows()

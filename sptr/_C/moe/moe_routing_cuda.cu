@@ -1,0 +1,474 @@
+// MoE routing and grouped SwiGLU on CUDA, with no host synchronisation (capturable in a CUDA graph).
+//
+// permute: a counting sort over experts in three small kernels (per-chunk expert histograms, one flat
+// exclusive scan over the expert-major histogram table, which directly gives every chunk's first row per
+// expert, then ranks inside each chunk), and a row gather with 16-byte loads where the rows allow it.
+#include <ATen/OpMathType.h>
+#include <torch/library.h>
+
+#include <sptr/cuda_utils.cuh>
+#include <sptr/dispatch.h>
+#include <sptr/views.h>
+
+#include "moe_host.h"
+
+namespace sptr {
+namespace {
+
+constexpr int kChunk = 256;   // slots per CTA in the histogram and rank kernels (one per thread)
+constexpr int kScanThreads = 1024;
+constexpr int64_t kMaxExpertsCuda = 8192;
+
+__global__ void moe_count_kernel(IntView ids, int64_t slots, int64_t E, int32_t* hist, int64_t chunks) {
+  extern __shared__ int32_t counts[];
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  const int64_t s = blockIdx.x * (int64_t)kChunk + threadIdx.x;
+  if (s < slots) {
+    const int64_t e = ids[s];
+    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);  // integer counts: order-independent
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) hist[e * chunks + blockIdx.x] = counts[e];
+}
+
+// Exclusive scan of n ints in place by one CTA; returns the total to every thread.
+__device__ int64_t block_exclusive_scan(int32_t* a, int64_t n, int64_t* warp_sums) {
+  const int64_t per = (n + blockDim.x - 1) / blockDim.x;
+  const int64_t lo = threadIdx.x * per, hi = min(n, lo + per);
+  int64_t local = 0;
+  for (int64_t i = lo; i < hi; ++i) local += a[i];
+  // Inclusive scan of the per-thread sums: in warps, then over warp totals.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int64_t incl = local;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int64_t v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    int64_t w = lane < (int)(blockDim.x >> 5) ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, w, d);
+      if (lane >= d) w += v;
+    }
+    if (lane < (int)(blockDim.x >> 5)) warp_sums[lane] = w;
+  }
+  __syncthreads();
+  int64_t run = incl - local + (warp ? warp_sums[warp - 1] : 0);
+  const int64_t total = warp_sums[(blockDim.x >> 5) - 1];
+  for (int64_t i = lo; i < hi; ++i) {
+    const int32_t v = a[i];
+    a[i] = static_cast<int32_t>(run);
+    run += v;
+  }
+  __syncthreads();
+  return total;
+}
+
+// hist (E-major, [E][chunks]) becomes each (expert, chunk)'s first position in the global sorted order.
+// Per expert: start (first sorted position), kept count (the first num_out positions stay) and the aligned
+// first row; delta = row - sorted position for kept slots.
+__global__ void moe_scan_kernel(int32_t* hist, int64_t E, int64_t chunks, int64_t slots, int64_t num_out,
+                                int64_t align, int64_t* tokens_per_expert, int64_t* offsets, int64_t* delta,
+                                int64_t* kept_end) {
+  __shared__ int64_t warp_sums[32];
+  const int64_t total = block_exclusive_scan(hist, E * chunks, warp_sums);
+  // Aligned offsets: a second scan over experts of round_up(kept, align), done by thread 0 for small E and
+  // by the block otherwise (E <= kMaxExpertsCuda, so a serial pass stays short).
+  if (threadIdx.x == 0) {
+    int64_t row = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t start = chunks ? hist[e * chunks] : 0;
+      const int64_t end = e + 1 < E ? (chunks ? hist[(e + 1) * chunks] : 0) : total;
+      const int64_t kept = min(max(num_out - start, (int64_t)0), end - start);
+      tokens_per_expert[e] = kept;
+      offsets[e] = row;
+      delta[e] = row - start;
+      kept_end[e] = start + kept;
+      row += (kept + align - 1) / align * align;
+    }
+    offsets[E] = row;
+  }
+}
+
+// Rank of each slot among the slots of its expert (stable in slot order) -> its row, or -1.
+__global__ void moe_rank_kernel(IntView ids, int64_t slots, int64_t T, int64_t K, int64_t E,
+                                const int32_t* first, int64_t chunks, const int64_t* delta,
+                                const int64_t* kept_end, int32_t* row_id_map, int32_t* src_token) {
+  __shared__ int32_t chunk_ids[kChunk];
+  const int64_t s = blockIdx.x * (int64_t)kChunk + threadIdx.x;
+  int64_t e = s < slots ? ids[s] : -1;
+  if (e < 0 || e >= E) e = -1;
+  chunk_ids[threadIdx.x] = static_cast<int32_t>(e);
+  __syncthreads();
+  if (s >= slots) return;
+  int32_t row = -1;
+  if (e >= 0) {
+    const unsigned peers = __match_any_sync(__activemask(), static_cast<int>(e));
+    const int lane = threadIdx.x & 31;
+    int64_t rank = __popc(peers & ((1u << lane) - 1));
+    for (int j = 0; j < (int)(threadIdx.x & ~31); ++j) rank += chunk_ids[j] == e;  // earlier warps (broadcast)
+    const int64_t pos = first[e * chunks + blockIdx.x] + rank;
+    if (pos < kept_end[e]) row = static_cast<int32_t>(pos + delta[e]);
+  }
+  const int64_t t = s / K, k = s % K;
+  row_id_map[k * T + t] = row;
+  if (row >= 0) src_token[row] = static_cast<int32_t>(t);
+}
+
+// Row copies in vectors of V elements: thread (x, y) of a block takes columns x, x + bx, ... of row y.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+// Row r holds a kept copy iff it lies in [off[e], off[e] + kept[e]) of its expert e; then src[r] is set.
+__device__ __forceinline__ bool kept_row(const int64_t* off, const int64_t* kept, int64_t E, int64_t r) {
+  int64_t lo = 0, hi = E;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (off[mid + 1] <= r) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < E && r >= off[lo] && r - off[lo] < kept[lo];
+}
+
+template <typename T, int V>
+__global__ void moe_gather_rows_kernel(const T* __restrict__ x, const int32_t* __restrict__ src,
+                                       const int64_t* offsets, const int64_t* kept, int64_t E, int64_t rows,
+                                       int64_t tokens, int64_t cols, T* __restrict__ out) {
+  using VT = Vec<T, V>;
+  for (int64_t r = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; r < rows; r += (int64_t)gridDim.x * blockDim.y) {
+    const int64_t t = kept_row(offsets, kept, E, r) ? src[r] : -1;
+    VT* o = reinterpret_cast<VT*>(out + r * cols * V);
+    if (t >= 0 && t < tokens) {
+      const VT* in = reinterpret_cast<const VT*>(x + t * cols * V);
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) o[c] = in[c];
+    } else {
+      VT z;
+#pragma unroll
+      for (int i = 0; i < V; ++i) z.v[i] = T(0);
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) o[c] = z;
+    }
+  }
+}
+
+template <typename T, typename acc_t, int V>
+__global__ void moe_unpermute_kernel(const T* __restrict__ y, const int32_t* __restrict__ map,
+                                     const acc_t* __restrict__ w, int64_t T_, int64_t K, int64_t R, int64_t cols,
+                                     T* __restrict__ out) {
+  using VT = Vec<T, V>;
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; t < T_; t += (int64_t)gridDim.x * blockDim.y) {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      acc_t acc[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[i] = acc_t(0);
+      for (int64_t k = 0; k < K; ++k) {  // increasing k: the fixed combine order
+        const int64_t r = map[k * T_ + t];
+        if (r < 0 || r >= R) continue;
+        const acc_t wk = w ? w[t * K + k] : acc_t(1);
+        const VT v = reinterpret_cast<const VT*>(y + r * cols * V)[c];
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[i] += wk * static_cast<acc_t>(v.v[i]);
+      }
+      VT o;
+#pragma unroll
+      for (int i = 0; i < V; ++i) o.v[i] = static_cast<T>(acc[i]);
+      reinterpret_cast<VT*>(out + t * cols * V)[c] = o;
+    }
+  }
+}
+
+// One CTA per token (grid-stride): d x_perm rows of its kept slots and, when asked, d probs by a fixed-order
+// block reduction (bitwise reproducible).
+template <typename T, typename acc_t, int V>
+__global__ void moe_unpermute_bwd_kernel(const T* __restrict__ g, const T* __restrict__ y,
+                                         const int32_t* __restrict__ map, const acc_t* __restrict__ w, int64_t T_,
+                                         int64_t K, int64_t R, int64_t cols, T* __restrict__ grad_perm,
+                                         acc_t* __restrict__ grad_probs) {
+  using VT = Vec<T, V>;
+  __shared__ acc_t partial[32];
+  for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
+    const VT* gr = reinterpret_cast<const VT*>(g + t * cols * V);
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t r = map[k * T_ + t];
+      if (r < 0 || r >= R) {
+        if (grad_probs && threadIdx.x == 0) grad_probs[t * K + k] = acc_t(0);
+        continue;
+      }
+      const acc_t wk = w ? w[t * K + k] : acc_t(1);
+      const VT* yr = reinterpret_cast<const VT*>(y + r * cols * V);
+      VT* dr = reinterpret_cast<VT*>(grad_perm + r * cols * V);
+      acc_t dot = 0;
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        const VT gv = gr[c];
+        VT o;
+#pragma unroll
+        for (int i = 0; i < V; ++i) o.v[i] = static_cast<T>(wk * static_cast<acc_t>(gv.v[i]));
+        dr[c] = o;
+        if (grad_probs) {
+          const VT yv = yr[c];
+#pragma unroll
+          for (int i = 0; i < V; ++i) dot += static_cast<acc_t>(gv.v[i]) * static_cast<acc_t>(yv.v[i]);
+        }
+      }
+      if (!grad_probs) continue;
+#pragma unroll
+      for (int d = 16; d > 0; d >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, d);
+      if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = dot;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        acc_t sum = 0;
+        for (int i = 0; i < (int)(blockDim.x >> 5); ++i) sum += partial[i];
+        grad_probs[t * K + k] = sum;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Elements per vector for rows of `cols` elements at `ptrs` (16 bytes when every row allows it, else 1).
+template <typename T>
+int vector_width(int64_t cols, std::initializer_list<const void*> ptrs) {
+  constexpr int V = 16 / sizeof(T) > 0 ? 16 / sizeof(T) : 1;
+  if (cols % V) return 1;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16) return 1;
+  return V;
+}
+
+// Block shape for row kernels: x over a row's vectors (a warp multiple), y over rows; 256 threads.
+dim3 row_block(int64_t vec_cols) {
+  int bx = 32;
+  while (bx < 256 && bx < vec_cols) bx *= 2;
+  return dim3(bx, 256 / bx);
+}
+
+unsigned int row_grid(int64_t rows, const dim3& block) {
+  return grid_for(rows, static_cast<int>(block.y));
+}
+
+template <typename T, int V>
+void launch_gather(const at::Tensor& x, const int32_t* src, const at::Tensor& offsets, const at::Tensor& kept,
+                   at::Tensor& out) {
+  const int64_t cols = x.size(1) / V;
+  const dim3 block = row_block(cols);
+  moe_gather_rows_kernel<T, V><<<row_grid(out.size(0), block), block, 0, at::cuda::getCurrentCUDAStream()>>>(
+      x.const_data_ptr<T>(), src, offsets.const_data_ptr<int64_t>(), kept.const_data_ptr<int64_t>(), kept.numel(),
+      out.size(0), x.size(0), cols, out.mutable_data_ptr<T>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute_cuda(const at::Tensor& x_in,
+                                                                            const at::Tensor& expert_ids,
+                                                                            int64_t E, int64_t num_out,
+                                                                            int64_t align) {
+  c10::cuda::CUDAGuard guard(x_in.device());
+  const int64_t K = check_permute_args(x_in, expert_ids, E, num_out, align);
+  SPTR_CHECK_VALUE(E <= kMaxExpertsCuda, "num_experts must be <= ", kMaxExpertsCuda, " on CUDA, got ", E);
+  const at::Tensor x = x_in.contiguous(), ids = expert_ids.contiguous();
+  const int64_t T = x.size(0), H = x.size(1), slots = T * K, chunks = (slots + kChunk - 1) / kChunk;
+  const int64_t rows = permuted_rows(num_out, E, align);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  auto idx = x.options().dtype(at::kLong);
+  auto tokens_per_expert = at::empty({E}, idx), offsets = at::empty({E + 1}, idx);
+  auto row_id_map = at::empty({slots}, x.options().dtype(at::kInt));
+  auto x_perm = at::empty({rows, H}, x.options());
+  // Scratch: histogram table and the source token of every kept row (int32), per-expert delta / kept end.
+  auto scratch32 = at::empty({E * chunks + rows}, x.options().dtype(at::kInt));
+  auto scratch64 = at::empty({2 * E}, idx);
+  int32_t* hist = scratch32.mutable_data_ptr<int32_t>();
+  int32_t* src = hist + E * chunks;
+  const IntView iv = int_view(ids);
+  if (chunks > 0) {
+    moe_count_kernel<<<chunks, kChunk, E * sizeof(int32_t), stream>>>(iv, slots, E, hist, chunks);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  moe_scan_kernel<<<1, kScanThreads, 0, stream>>>(hist, E, chunks, slots, num_out, align,
+                                                  tokens_per_expert.mutable_data_ptr<int64_t>(),
+                                                  offsets.mutable_data_ptr<int64_t>(),
+                                                  scratch64.mutable_data_ptr<int64_t>(),
+                                                  scratch64.mutable_data_ptr<int64_t>() + E);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (chunks > 0) {
+    moe_rank_kernel<<<chunks, kChunk, 0, stream>>>(iv, slots, T, K, E, hist, chunks,
+                                                   scratch64.const_data_ptr<int64_t>(),
+                                                   scratch64.const_data_ptr<int64_t>() + E,
+                                                   row_id_map.mutable_data_ptr<int32_t>(), src);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (rows > 0 && H > 0) {
+    SPTR_DISPATCH_FLOATING(x.scalar_type(), "moe_permute_cuda", [&] {
+      constexpr int V = 16 / sizeof(scalar_t);
+      if (vector_width<scalar_t>(H, {x.const_data_ptr(), x_perm.const_data_ptr()}) == V)
+        launch_gather<scalar_t, V>(x, src, offsets, tokens_per_expert, x_perm);
+      else
+        launch_gather<scalar_t, 1>(x, src, offsets, tokens_per_expert, x_perm);
+    });
+  }
+  return {x_perm, row_id_map, tokens_per_expert, offsets};
+}
+
+at::Tensor moe_unpermute_fwd_cuda(const at::Tensor& x_perm, const at::Tensor& row_id_map,
+                                  const c10::optional<at::Tensor>& probs, int64_t T) {
+  c10::cuda::CUDAGuard guard(x_perm.device());
+  const int64_t K = check_unpermute_args(x_perm, row_id_map, probs, T);
+  const at::Tensor y = x_perm.contiguous(), map = row_id_map.contiguous(), w = combine_weights(probs, x_perm);
+  const int64_t H = y.size(1), R = y.size(0);
+  auto out = at::empty({T, H}, y.options());
+  if (T == 0 || H == 0) return out;
+  SPTR_DISPATCH_FLOATING(y.scalar_type(), "moe_unpermute_fwd_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const acc_t* wp = w.defined() ? w.const_data_ptr<acc_t>() : nullptr;
+    auto run = [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      const int64_t cols = H / V;
+      const dim3 block = row_block(cols);
+      moe_unpermute_kernel<scalar_t, acc_t, V><<<row_grid(T, block), block, 0, at::cuda::getCurrentCUDAStream()>>>(
+          y.const_data_ptr<scalar_t>(), map.const_data_ptr<int32_t>(), wp, T, K, R, cols,
+          out.mutable_data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    constexpr int V = 16 / sizeof(scalar_t);
+    if (vector_width<scalar_t>(H, {y.const_data_ptr(), out.const_data_ptr()}) == V)
+      run(std::integral_constant<int, V>());
+    else
+      run(std::integral_constant<int, 1>());
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> moe_unpermute_bwd_cuda(const at::Tensor& grad, const at::Tensor& x_perm,
+                                                          const at::Tensor& row_id_map,
+                                                          const c10::optional<at::Tensor>& probs, bool probs_grad) {
+  c10::cuda::CUDAGuard guard(x_perm.device());
+  const int64_t T = grad.size(0);
+  const int64_t K = check_unpermute_args(x_perm, row_id_map, probs, T);
+  SPTR_CHECK_VALUE(grad.dim() == 2 && grad.size(1) == x_perm.size(1), "grad must be [T, H] with H = ",
+                    x_perm.size(1), ", got ", grad.sizes());
+  SPTR_CHECK_SAME_DTYPE(grad, x_perm);
+  SPTR_CHECK_SAME_DEVICE(grad, x_perm);
+  const at::Tensor g = grad.contiguous(), y = x_perm.contiguous(), map = row_id_map.contiguous(),
+                   w = combine_weights(probs, x_perm);
+  const int64_t H = y.size(1), R = y.size(0);
+  const bool want_pg = probs_grad && probs.has_value();
+  auto grad_perm = at::zeros({R, H}, y.options());
+  auto grad_probs = at::zeros({want_pg ? T : 0, want_pg ? K : 0},
+                              y.options().dtype(y.scalar_type() == at::kDouble ? at::kDouble : at::kFloat));
+  if (T == 0 || K == 0) return {grad_perm, grad_probs};
+  SPTR_DISPATCH_FLOATING(y.scalar_type(), "moe_unpermute_bwd_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const acc_t* wp = w.defined() ? w.const_data_ptr<acc_t>() : nullptr;
+    acc_t* pg = want_pg ? grad_probs.mutable_data_ptr<acc_t>() : nullptr;
+    auto run = [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      moe_unpermute_bwd_kernel<scalar_t, acc_t, V><<<grid_for(T, 1), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+          g.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), map.const_data_ptr<int32_t>(), wp, T, K, R,
+          H / V, grad_perm.mutable_data_ptr<scalar_t>(), pg);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    constexpr int V = 16 / sizeof(scalar_t);
+    if (vector_width<scalar_t>(H, {g.const_data_ptr(), y.const_data_ptr(), grad_perm.const_data_ptr()}) == V)
+      run(std::integral_constant<int, V>());
+    else
+      run(std::integral_constant<int, 1>());
+  });
+  return {grad_perm, grad_probs};
+}
+
+// Group widths travel as a kernel parameter (no host-to-device copy: capturable), the offsets are copied to
+// shared memory; each row finds its group there.
+constexpr int kSwigluGroups = 256;
+struct GroupWidths {
+  int32_t w[kSwigluGroups];
+};
+
+__device__ __forceinline__ int find_group(const int64_t* off, int G, int64_t r) {
+  for (int g = 0; g < G; ++g)
+    if (r >= off[g] && r < off[g + 1]) return g;
+  return -1;
+}
+
+template <typename T, bool BACKWARD>
+__global__ void moe_swiglu_kernel(const T* __restrict__ h, const T* __restrict__ grad, const int64_t* offsets,
+                                  GroupWidths widths, int G, int64_t R, int64_t ld, int64_t W, T* __restrict__ out) {
+  using acc_t = at::opmath_type<T>;
+  __shared__ int64_t off[kSwigluGroups + 1];
+  for (int i = threadIdx.x + threadIdx.y * blockDim.x; i <= G; i += blockDim.x * blockDim.y) off[i] = offsets[i];
+  __syncthreads();
+  for (int64_t r = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; r < R; r += (int64_t)gridDim.x * blockDim.y) {
+    const int g = find_group(off, G, r);
+    const int64_t w = g >= 0 ? widths.w[g] : 0;
+    const int64_t cols = BACKWARD ? ld : W;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const int64_t jj = BACKWARD && j >= w ? j - w : j;  // backward: column j of dh; gate or up part
+      acc_t result = 0;
+      if (jj < w && (!BACKWARD || j < 2 * w)) {
+        const acc_t gate = static_cast<acc_t>(h[r * ld + jj]), up = static_cast<acc_t>(h[r * ld + w + jj]);
+        const acc_t s = acc_t(1) / (acc_t(1) + exp(-gate));
+        if (!BACKWARD) {
+          result = gate * s * up;
+        } else {
+          const acc_t d = static_cast<acc_t>(grad[r * W + jj]);
+          result = j < w ? d * up * s * (acc_t(1) + gate * (acc_t(1) - s)) : d * gate * s;
+        }
+      }
+      out[r * cols + j] = static_cast<T>(result);
+    }
+  }
+}
+
+at::Tensor swiglu_cuda(const at::Tensor* grad, const at::Tensor& h_in, const at::Tensor& offsets,
+                       at::IntArrayRef widths) {
+  c10::cuda::CUDAGuard guard(h_in.device());
+  check_swiglu_args(h_in, offsets, widths);
+  SPTR_CHECK_VALUE(static_cast<int64_t>(widths.size()) <= kSwigluGroups, "at most ", kSwigluGroups,
+                    " groups on CUDA, got ", widths.size());
+  const at::Tensor h = h_in.contiguous();
+  const int64_t R = h.size(0), ld = h.size(1), W = max_width(widths);
+  at::Tensor g;
+  if (grad) {
+    SPTR_CHECK_VALUE(grad->dim() == 2 && grad->size(0) == R && grad->size(1) == W, "grad must be [", R, ", ", W,
+                      "], got ", grad->sizes());
+    SPTR_CHECK_SAME_DTYPE((*grad), h);
+    g = grad->contiguous();
+  }
+  auto out = at::empty({R, grad ? ld : W}, h.options());
+  if (out.numel() == 0) return out;
+  const at::Tensor off = offsets.contiguous();
+  GroupWidths wid;
+  for (size_t i = 0; i < widths.size(); ++i) wid.w[i] = static_cast<int32_t>(widths[i]);
+  const dim3 block = row_block(grad ? ld : W);
+  SPTR_DISPATCH_FLOATING(h.scalar_type(), "moe_swiglu_cuda", [&] {
+    auto stream = at::cuda::getCurrentCUDAStream();
+    if (grad)
+      moe_swiglu_kernel<scalar_t, true><<<row_grid(R, block), block, 0, stream>>>(
+          h.const_data_ptr<scalar_t>(), g.const_data_ptr<scalar_t>(), off.const_data_ptr<int64_t>(),
+          wid, (int)widths.size(), R, ld, W, out.mutable_data_ptr<scalar_t>());
+    else
+      moe_swiglu_kernel<scalar_t, false><<<row_grid(R, block), block, 0, stream>>>(
+          h.const_data_ptr<scalar_t>(), nullptr, off.const_data_ptr<int64_t>(), wid,
+          (int)widths.size(), R, ld, W, out.mutable_data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(sptr, CUDA, m) {
+  m.impl("moe_permute", &moe_permute_cuda);
+  m.impl("moe_unpermute_fwd", &moe_unpermute_fwd_cuda);
+  m.impl("moe_unpermute_bwd", &moe_unpermute_bwd_cuda);
+  m.impl("moe_swiglu_fwd", [](const at::Tensor& h, const at::Tensor& off, at::IntArrayRef widths) {
+    return swiglu_cuda(nullptr, h, off, widths);
+  });
+  m.impl("moe_swiglu_bwd", [](const at::Tensor& g, const at::Tensor& h, const at::Tensor& off,
+                              at::IntArrayRef widths) { return swiglu_cuda(&g, h, off, widths); });
+}
+
+}  // namespace sptr

@@ -1,0 +1,263 @@
+"""MoE feed-forward layers on the fused routing and grouped-GEMM ops: the Wall-X dual-expert SwiGLU FFN and a
+routed top-k FFN. Both keep the parameter names of the plain modules they replace (``experts.{e}.gate_proj``,
+``up_proj``, ``down_proj``; the router is ``gate``), so their state dicts load either way, and neither waits
+for the host: expert offsets stay on the device (one graph under ``torch.compile(fullgraph=True)``,
+capturable in a CUDA graph)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..ops.moe import _autocast_dtype, grouped_linear, permute, swiglu, unpermute
+from ..reference.moe import SwiGLUExpert, capacity_keep
+from .config import LayerConfig, check_positive
+
+ACTIVATIONS = ("silu",)
+# "grouped": the sync-free grouped GEMM kernels; "cublas": one host read of the expert offsets, then cuBLAS on
+# each expert's rows; "auto": cublas in eager CUDA code (cuBLAS's Hopper kernels are faster than the grouped
+# mma.sync kernel, see benchmarks/RESULTS.md), grouped on CPU, under torch.compile and in CUDA-graph capture.
+GEMM_BACKENDS = ("auto", "grouped", "cublas")
+GATINGS = ("softmax", "sigmoid")
+# Every expert's rows start at a multiple of 8: 16-byte aligned reduction ranges for the weight gradients.
+ROW_ALIGN = 8
+
+
+def _check_ffn_fields(cls_name: str, hidden, intermediate, activation, bias, gemm) -> None:
+    for name, v in (("hidden", hidden), *((f"intermediate[{i}]", w) for i, w in enumerate(intermediate))):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{cls_name}.{name} must be a positive int, got {v!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{cls_name}.activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if not isinstance(bias, bool):
+        raise TypeError(f"{cls_name}.bias must be a bool, got {bias!r}")
+    if gemm not in GEMM_BACKENDS:
+        raise ValueError(f"{cls_name}.gemm must be one of {GEMM_BACKENDS}, got {gemm!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DualExpertFFNConfig(LayerConfig):
+    """Defaults: the Wall-X MoE block on the Qwen2.5-VL-3B backbone (expert 0 = the VLM MLP, expert 1 = the
+    narrower action expert)."""
+    hidden: int = 2048
+    intermediate: tuple = (11008, 2048)
+    activation: str = "silu"
+    bias: bool = False
+    gemm: str = "auto"
+
+    def __post_init__(self):
+        if not isinstance(self.intermediate, (tuple, list)) or len(self.intermediate) != 2:
+            raise ValueError(f"{type(self).__name__}.intermediate must be two widths (i0, i1), got "
+                             f"{self.intermediate!r}")
+        _check_ffn_fields(type(self).__name__, self.hidden, self.intermediate, self.activation, self.bias, self.gemm)
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    return _autocast_dtype(x.device) or x.dtype
+
+
+def _add_group_bias(y: Tensor, biases, offsets: Tensor) -> Tensor:
+    """y plus the bias of each row's group, added in fp32 or fp64 (so the bias gradient, a sum over the group's rows,
+    accumulates in fp32); padding rows past the last group take group G-1's and are never read."""
+    acc = torch.float64 if y.dtype == torch.float64 else torch.float32
+    width = max(b.shape[0] for b in biases)
+    table = torch.stack([F.pad(b.to(acc), (0, width - b.shape[0])) for b in biases])
+    group = torch.searchsorted(offsets[1:], torch.arange(y.shape[0], device=offsets.device), right=True)
+    return (y.to(acc) + table[group.clamp_max(len(biases) - 1)]).to(y.dtype)
+
+
+def _use_cublas(gemm: str, x: Tensor) -> bool:
+    if gemm != "auto":
+        return gemm == "cublas"
+    return x.is_cuda and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
+
+
+def sliced_swiglu_ffn(experts: nn.ModuleList, x_perm: Tensor, offsets: Tensor) -> Tensor:
+    """The same as :func:`grouped_swiglu_ffn` through cuBLAS on each expert's rows, after one host read of
+    the offsets; rows of no expert are zero."""
+    bounds = offsets.tolist()
+    y = x_perm.new_zeros(x_perm.shape)
+    for e, expert in enumerate(experts):  # empty experts too: every weight gets a (zero) gradient, as DDP needs
+        y[bounds[e]:bounds[e + 1]] = expert(x_perm[bounds[e]:bounds[e + 1]])
+    return y
+
+
+def swiglu_ffn(experts: nn.ModuleList, x_perm: Tensor, offsets: Tensor, gemm: str) -> Tensor:
+    return (sliced_swiglu_ffn if _use_cublas(gemm, x_perm) else grouped_swiglu_ffn)(experts, x_perm, offsets)
+
+
+def grouped_swiglu_ffn(experts: nn.ModuleList, x_perm: Tensor, offsets: Tensor) -> Tensor:
+    """``down_e(silu(gate_e x) · up_e x)`` of the rows of every expert e (rows ``[off[e], off[e+1])``): one
+    grouped GEMM for gate‖up of all experts, the SwiGLU kernel, one grouped GEMM for down."""
+    gate_up = [w for e in experts for w in (e.gate_proj.weight, e.up_proj.weight)]
+    h = grouped_linear(x_perm, gate_up, offsets)
+    widths = [e.gate_proj.weight.shape[0] for e in experts]
+    if experts[0].gate_proj.bias is not None:
+        h = _add_group_bias(h, [torch.cat((e.gate_proj.bias, e.up_proj.bias)) for e in experts], offsets)
+    a = swiglu(h, offsets, widths)
+    y = grouped_linear(a, [e.down_proj.weight for e in experts], offsets)
+    if experts[0].down_proj.bias is not None:
+        y = _add_group_bias(y, [e.down_proj.bias for e in experts], offsets)
+    return y
+
+
+class DualExpertFFN(nn.Module):
+    """Two SwiGLU experts of different widths; ``forward(x [T, H] or [B, S, H], expert_index)`` with
+    ``expert_index`` (same leading shape) bool (True: expert 1) or int (0 / 1; other ids give zero rows)
+    returns ``y[t] = expert_{id(t)}(x[t])`` in x's shape: permute -> one grouped GEMM for gate‖up of both
+    experts -> SwiGLU (fp32, one rounding) -> one grouped GEMM for down -> unpermute, with no host sync
+    (``cfg.gemm`` picks cuBLAS per expert instead in eager CUDA code, see GEMM_BACKENDS). Under autocast the
+    GEMMs run in the autocast dtype (as nn.Linear); bitwise reproducible run to run."""
+
+    def __init__(self, cfg: DualExpertFFNConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.experts = nn.ModuleList(SwiGLUExpert(cfg.hidden, i, cfg.bias, cfg.activation) for i in cfg.intermediate)
+
+    @classmethod
+    def from_plain(cls, module: nn.Module, gemm: str = "auto") -> "DualExpertFFN":
+        """The layer with the weights of a plain module holding ``experts.{0,1}.{gate,up,down}_proj``."""
+        e0, e1 = module.experts[0], module.experts[1]
+        cfg = DualExpertFFNConfig(hidden=e0.gate_proj.in_features,
+                                  intermediate=(e0.gate_proj.out_features, e1.gate_proj.out_features),
+                                  bias=e0.gate_proj.bias is not None, gemm=gemm)
+        layer = cls(cfg).to(device=e0.gate_proj.weight.device, dtype=e0.gate_proj.weight.dtype)
+        layer.load_state_dict(module.state_dict())
+        return layer
+
+    def forward(self, x: Tensor, expert_index: Tensor, start_indices=None, end_indices=None, *,
+                validate: bool = False) -> Tensor:
+        # start/end_indices: accepted for Wall-X call compatibility, unused (as there). Ids outside {0, 1}
+        # give zero rows; validate=True raises on them instead (one host sync on CUDA).
+        H = self.cfg.hidden
+        if not isinstance(x, Tensor) or x.shape[-1] != H:
+            raise ValueError(f"x must be [..., {H}], got {tuple(x.shape) if isinstance(x, Tensor) else type(x)}")
+        if not isinstance(expert_index, Tensor) or expert_index.shape != x.shape[:-1]:
+            raise ValueError(f"expert_index must have x's leading shape {tuple(x.shape[:-1])}, got "
+                             f"{tuple(expert_index.shape) if isinstance(expert_index, Tensor) else type(expert_index)}")
+        flat = x.reshape(-1, H).to(_compute_dtype(x))
+        perm = permute(flat, expert_index.reshape(-1), 2, align=ROW_ALIGN, validate=validate)
+        y = swiglu_ffn(self.experts, perm.x_perm, perm.expert_offsets, self.cfg.gemm)
+        return unpermute(y, perm.row_id_map, None, flat.shape[0]).reshape(*x.shape[:-1], H)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoutedExpertFFNConfig(LayerConfig):
+    """A top-k routed SwiGLU MoE (Qwen2-MoE / Mixtral style). ``normalize_topk`` renormalises the kept top-k
+    gate weights to sum to 1 (Mixtral: True; Qwen2-MoE: ``norm_topk_prob``). ``capacity_factor`` > 0 caps
+    every expert at ``ceil(capacity_factor · T · top_k / num_experts)`` copies (later copies in (t, k) order
+    are dropped); 0 keeps every copy."""
+    hidden: int = 2048
+    intermediate: int = 1408
+    num_experts: int = 8
+    top_k: int = 2
+    gating: str = "softmax"
+    normalize_topk: bool = True
+    capacity_factor: float = 0.0
+    activation: str = "silu"
+    bias: bool = False
+    gemm: str = "auto"
+
+    def __post_init__(self):
+        name = type(self).__name__
+        _check_ffn_fields(name, self.hidden, (self.intermediate,), self.activation, self.bias, self.gemm)
+        check_positive(name, num_experts=self.num_experts, top_k=self.top_k)
+        for field in ("num_experts", "top_k"):
+            if isinstance(getattr(self, field), bool) or not isinstance(getattr(self, field), int):
+                raise ValueError(f"{name}.{field} must be an int, got {getattr(self, field)!r}")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"{name}.top_k ({self.top_k}) must be <= num_experts ({self.num_experts})")
+        if self.gating not in GATINGS:
+            raise ValueError(f"{name}.gating must be one of {GATINGS}, got {self.gating!r}")
+        if not isinstance(self.normalize_topk, bool):
+            raise TypeError(f"{name}.normalize_topk must be a bool, got {self.normalize_topk!r}")
+        if isinstance(self.capacity_factor, bool) or not isinstance(self.capacity_factor, (int, float)) or not (
+                self.capacity_factor >= 0 and math.isfinite(self.capacity_factor)):
+            raise ValueError(f"{name}.capacity_factor must be a finite number >= 0, got {self.capacity_factor!r}")
+
+
+class RoutedOutput(NamedTuple):
+    hidden_states: Tensor   # [..., H]
+    aux_loss: Tensor        # scalar load-balancing loss (fp32)
+    router_logits: Tensor   # [T, E] (fp32)
+
+
+def route(logits: Tensor, cfg: RoutedExpertFFNConfig):
+    """``(probs [T, E], topk_index [T, K], topk_weight [T, K])`` in fp32 from router logits."""
+    probs = logits.float().softmax(-1) if cfg.gating == "softmax" else logits.float().sigmoid()
+    weight, index = probs.topk(cfg.top_k, dim=-1)
+    if cfg.normalize_topk:
+        weight = weight / weight.sum(-1, keepdim=True)
+    return probs, index, weight
+
+
+def load_balancing_loss(probs: Tensor, topk_index: Tensor, num_experts: int) -> Tensor:
+    """The Switch / Mixtral auxiliary loss as transformers computes it: ``E · Σ_k Σ_e f_{k,e} · P_e`` with
+    ``f_{k,e}`` the share of tokens whose k-th choice is e and ``P_e`` the mean router probability of e."""
+    if probs.shape[0] == 0:
+        return probs.new_zeros(())
+    f = F.one_hot(topk_index, num_experts).float().mean(0)  # [K, E]
+    return (f * probs.mean(0)[None]).sum() * num_experts
+
+
+class RoutedExpertFFN(nn.Module):
+    """``forward(x [T, H] or [B, S, H]) -> RoutedOutput``: a linear router (``gate``), top-k softmax or
+    sigmoid gating, then ``y[t] = Σ_k w[t,k] · expert_{idx[t,k]}(x[t])`` over kept copies via permute ->
+    grouped SwiGLU (all experts in one grouped GEMM per projection) -> probability-weighted unpermute (fp32
+    combine). Gradients reach x, every weight and the router through the gate weights (and the aux loss).
+    ``forward_routed(x, topk_index, topk_weight)`` takes a given routing."""
+
+    def __init__(self, cfg: RoutedExpertFFNConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.gate = nn.Linear(cfg.hidden, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            SwiGLUExpert(cfg.hidden, cfg.intermediate, cfg.bias, cfg.activation) for _ in range(cfg.num_experts))
+
+    @classmethod
+    def from_plain(cls, module: nn.Module, **routing) -> "RoutedExpertFFN":
+        """The layer with the weights of a plain module holding ``gate`` and ``experts.{e}.*_proj``;
+        ``routing`` sets the config's routing fields (top_k, gating, ...)."""
+        e0 = module.experts[0]
+        cfg = RoutedExpertFFNConfig(hidden=e0.gate_proj.in_features, intermediate=e0.gate_proj.out_features,
+                                    num_experts=len(module.experts), bias=e0.gate_proj.bias is not None, **routing)
+        layer = cls(cfg).to(device=e0.gate_proj.weight.device, dtype=e0.gate_proj.weight.dtype)
+        layer.load_state_dict(module.state_dict())
+        return layer
+
+    def capacity(self, num_tokens: int) -> int | None:
+        cf = self.cfg.capacity_factor
+        return None if cf == 0 else math.ceil(cf * num_tokens * self.cfg.top_k / self.cfg.num_experts)
+
+    def forward_routed(self, x: Tensor, topk_index: Tensor, topk_weight: Tensor) -> Tensor:
+        H = self.cfg.hidden
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != H:
+            raise ValueError(f"x must be [T, {H}], got {tuple(x.shape) if isinstance(x, Tensor) else type(x)}")
+        K = self.cfg.top_k
+        for name, t in (("topk_index", topk_index), ("topk_weight", topk_weight)):
+            if not isinstance(t, Tensor) or tuple(t.shape) != (x.shape[0], K):
+                raise ValueError(f"{name} must be [T, top_k] = [{x.shape[0]}, {K}], got "
+                                 f"{tuple(t.shape) if isinstance(t, Tensor) else type(t)}")
+        flat = x.to(_compute_dtype(x))
+        index = topk_index
+        cap = self.capacity(x.shape[0])
+        if cap is not None:
+            index = torch.where(capacity_keep(topk_index, self.cfg.num_experts, cap), topk_index, -1)
+        perm = permute(flat, index, self.cfg.num_experts, align=ROW_ALIGN)
+        y = swiglu_ffn(self.experts, perm.x_perm, perm.expert_offsets, self.cfg.gemm)
+        return unpermute(y, perm.row_id_map, topk_weight, x.shape[0])
+
+    def forward(self, x: Tensor) -> RoutedOutput:
+        H = self.cfg.hidden
+        if not isinstance(x, Tensor) or x.shape[-1] != H:
+            raise ValueError(f"x must be [..., {H}], got {tuple(x.shape) if isinstance(x, Tensor) else type(x)}")
+        flat = x.reshape(-1, H)
+        logits = self.gate(flat).float()
+        probs, index, weight = route(logits, self.cfg)
+        y = self.forward_routed(flat, index, weight)
+        aux = load_balancing_loss(probs, index, self.cfg.num_experts)
+        return RoutedOutput(y.reshape(*x.shape[:-1], H), aux, logits)

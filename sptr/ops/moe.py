@@ -1,0 +1,348 @@
+"""MoE ops: token permute / unpermute, grouped SwiGLU, grouped linear layers and the asymmetric dual GEMM.
+
+Routing ops keep their inputs' dtype (fp32/fp16/bf16/fp64) and never wait for the host: the expert offsets
+they produce stay on the device, so a whole MoE layer is capturable in a CUDA graph and compiles to one graph.
+The GEMMs accumulate in fp32 and round once; under autocast they run in the autocast dtype.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import torch
+from torch import Tensor
+
+import sptr._C  # noqa: F401
+
+from ._checks import FLOATING, check_tensor
+
+_ops = torch.ops.sptr
+ROUTING_IDS = (torch.int32, torch.int64, torch.bool, torch.uint8)
+
+
+class Permutation(NamedTuple):
+    """``x_perm [num_out (+ padding), H]`` rows grouped by expert; ``row_id_map`` int32 ``[K·T]`` (entry
+    ``k·T + t`` is the row of copy k of token t, or -1); ``tokens_per_expert`` int64 ``[E]`` (on the device);
+    ``expert_offsets`` int64 ``[E + 1]``: expert e owns rows ``[offsets[e], offsets[e] + tokens_per_expert[e])``."""
+    x_perm: Tensor
+    row_id_map: Tensor
+    tokens_per_expert: Tensor
+    expert_offsets: Tensor
+
+
+def _padded_rows(num_out: int, num_experts: int, align: int) -> int:
+    return num_out + num_experts * (align - 1) if align > 1 else num_out
+
+
+# ---------------------------------------------------------------------------------------------------- fakes
+@torch.library.register_fake("sptr::moe_permute")
+def _permute_fake(x, expert_ids, num_experts, num_out_tokens, align):
+    slots = expert_ids.numel()
+    rows = _padded_rows(num_out_tokens, num_experts, align)
+    return (x.new_empty(rows, x.shape[1]), expert_ids.new_empty(slots, dtype=torch.int32),
+            x.new_empty(num_experts, dtype=torch.int64), x.new_empty(num_experts + 1, dtype=torch.int64))
+
+
+@torch.library.register_fake("sptr::moe_unpermute_fwd")
+def _unpermute_fake(x_perm, row_id_map, probs, num_tokens):
+    return x_perm.new_empty(num_tokens, x_perm.shape[1])
+
+
+def _acc_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("sptr::moe_unpermute_bwd")
+def _unpermute_bwd_fake(grad, x_perm, row_id_map, probs, probs_grad):
+    T = grad.shape[0]
+    shape = (T, row_id_map.numel() // T) if probs is not None and probs_grad else (0, 0)
+    return x_perm.new_empty(x_perm.shape), x_perm.new_empty(shape, dtype=_acc_dtype(x_perm.dtype))
+
+
+@torch.library.register_fake("sptr::moe_swiglu_fwd")
+def _swiglu_fake(h, group_offsets, widths):
+    return h.new_empty(h.shape[0], max(widths))
+
+
+@torch.library.register_fake("sptr::moe_swiglu_bwd")
+def _swiglu_bwd_fake(grad, h, group_offsets, widths):
+    return h.new_empty(h.shape)
+
+
+@torch.library.register_fake("sptr::moe_grouped_linear")
+def _grouped_linear_fake(x, weights, group_offsets):
+    G = group_offsets.shape[0] - 1
+    P = len(weights) // G
+    width = max(sum(weights[g * P + p].shape[0] for p in range(P)) for g in range(G))
+    return x.new_empty(x.shape[0], width)
+
+
+@torch.library.register_fake("sptr::moe_grouped_linear_wgrad")
+def _wgrad_fake(grad, x, group_offsets, out_features, in_features):
+    return [x.new_empty(n, k) for n, k in zip(out_features, in_features)]
+
+
+def _dual_shape(a, w, trans_a, trans_b):
+    m, k = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    n = w.shape[0] if trans_b else w.shape[1]
+    torch._check((w.shape[1] if trans_b else w.shape[0]) == k, lambda: "weight k does not match input k")
+    return m, n
+
+
+@torch.library.register_fake("sptr::dual_gemm")
+def _dual_fake(a0, a1, w0, w1, trans_a, trans_b):
+    return (a0.new_empty(_dual_shape(a0, w0, trans_a, trans_b)), a1.new_empty(_dual_shape(a1, w1, trans_a, trans_b)))
+
+
+@torch.library.register_fake("sptr::dual_gemm_out")
+def _dual_out_fake(a0, a1, w0, w1, trans_a, trans_b, c0, c1):
+    return None
+
+
+# ------------------------------------------------------------------------------------------------- autograd
+def _permute_setup(ctx, inputs, output):
+    x, expert_ids, *_ = inputs
+    ctx.num_tokens = x.shape[0]
+    ctx.save_for_backward(output[1])
+
+
+def _permute_backward(ctx, grad_perm, *_):
+    (row_id_map,) = ctx.saved_tensors
+    return _ops.moe_unpermute_fwd(grad_perm.contiguous(), row_id_map, None, ctx.num_tokens), None, None, None, None
+
+
+torch.library.register_autograd("sptr::moe_permute", _permute_backward, setup_context=_permute_setup)
+
+
+def _unpermute_setup(ctx, inputs, output):
+    x_perm, row_id_map, probs, _ = inputs
+    need_probs = probs is not None and ctx.needs_input_grad[2]
+    ctx.probs_dtype = None if probs is None else probs.dtype
+    ctx.save_for_backward(x_perm if need_probs else None, row_id_map, probs)
+    ctx.perm_shape = x_perm.shape
+
+
+def _unpermute_backward(ctx, grad):
+    x_perm, row_id_map, probs = ctx.saved_tensors
+    need_probs = x_perm is not None
+    y = x_perm if need_probs else grad.new_empty(ctx.perm_shape)  # values read only for the probs gradient
+    d_perm, d_probs = _ops.moe_unpermute_bwd(grad.contiguous(), y, row_id_map, probs, need_probs)
+    return d_perm, None, d_probs.to(ctx.probs_dtype) if need_probs else None, None
+
+
+torch.library.register_autograd("sptr::moe_unpermute_fwd", _unpermute_backward, setup_context=_unpermute_setup)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    h, offsets, widths = inputs
+    ctx.widths = widths
+    ctx.save_for_backward(h, offsets)
+
+
+def _swiglu_backward(ctx, grad):
+    h, offsets = ctx.saved_tensors
+    return _ops.moe_swiglu_bwd(grad.contiguous(), h, offsets, ctx.widths), None, None
+
+
+torch.library.register_autograd("sptr::moe_swiglu_fwd", _swiglu_backward, setup_context=_swiglu_setup)
+
+
+def _grouped_linear_setup(ctx, inputs, output):
+    x, weights, offsets = inputs
+    ctx.groups = offsets.shape[0] - 1
+    ctx.x_cols = x.shape[1]
+    ctx.save_for_backward(x, offsets, *weights)
+
+
+def _grouped_linear_backward(ctx, grad):
+    x, offsets, *weights = ctx.saved_tensors
+    G = ctx.groups
+    P = len(weights) // G
+    stacked = [torch.cat(weights[g * P:(g + 1) * P]) if P > 1 else weights[g] for g in range(G)]  # [n_g, k_g]
+    grad = grad.contiguous()
+    dx = dw = None
+    if ctx.needs_input_grad[0]:
+        dx = _ops.moe_grouped_linear(grad, [w.t().contiguous() for w in stacked], offsets)
+        if dx.shape[1] < ctx.x_cols:
+            dx = torch.nn.functional.pad(dx, (0, ctx.x_cols - dx.shape[1]))
+    if ctx.needs_input_grad[1]:
+        dw_groups = _ops.moe_grouped_linear_wgrad(grad, x, offsets, [w.shape[0] for w in stacked],
+                                                  [w.shape[1] for w in stacked])
+        dw = [part for g in range(G) for part in dw_groups[g].split([w.shape[0] for w in weights[g * P:(g + 1) * P]])]
+    return dx, dw, None
+
+
+torch.library.register_autograd("sptr::moe_grouped_linear", _grouped_linear_backward,
+                                setup_context=_grouped_linear_setup)
+
+
+def _dual_setup(ctx, inputs, output):
+    a0, a1, w0, w1, trans_a, trans_b = inputs
+    ctx.trans = (trans_a, trans_b)
+    ctx.save_for_backward(a0, a1, w0, w1)
+
+
+def _dual_backward(ctx, g0, g1):
+    a0, a1, w0, w1 = ctx.saved_tensors
+    ta, tb = ctx.trans
+    g0 = g0 if g0 is not None else a0.new_zeros(_dual_shape(a0, w0, ta, tb))
+    g1 = g1 if g1 is not None else a1.new_zeros(_dual_shape(a1, w1, ta, tb))
+    need = ctx.needs_input_grad
+    da0 = da1 = dw0 = dw1 = None
+    if need[0] or need[1]:  # dA = G·Bᵀ; d in = dA, or dAᵀ = B·Gᵀ with trans_a
+        da0, da1 = (_ops.dual_gemm(w0, w1, g0, g1, tb, True) if ta else _ops.dual_gemm(g0, g1, w0, w1, False, not tb))
+    if need[2] or need[3]:  # dB = Aᵀ·G; d w = dB, or dBᵀ = Gᵀ·A with trans_b
+        dw0, dw1 = (_ops.dual_gemm(g0, g1, a0, a1, True, ta) if tb else _ops.dual_gemm(a0, a1, g0, g1, not ta, False))
+    return da0, da1, dw0, dw1, None, None
+
+
+torch.library.register_autograd("sptr::dual_gemm", _dual_backward, setup_context=_dual_setup)
+
+
+# ------------------------------------------------------------------------------------------------ public API
+def _routing_ids(name: str, ids, x: Tensor) -> Tensor:
+    check_tensor(name, ids, dtypes=ROUTING_IDS, device=x.device)
+    if ids.dim() == 1:
+        ids = ids[:, None]
+    if ids.dim() != 2 or ids.shape[0] != x.shape[0] or ids.shape[1] < 1:
+        raise ValueError(f"{name} must be [T] or [T, K] with T = {x.shape[0]} and K >= 1, got {tuple(ids.shape)}")
+    return ids if ids.dtype in (torch.int32, torch.int64) else ids.to(torch.int32)
+
+
+def _wants_validation(validate, t: Tensor) -> bool:
+    """validate=None checks values where that is free (CPU tensors, outside torch.compile); True checks always
+    (one host sync on CUDA); False never (out-of-range values are then dropped, never read out of bounds)."""
+    if validate is None:
+        return t.device.type == "cpu" and not torch.compiler.is_compiling()
+    return bool(validate)
+
+
+def _positive_int(name: str, v, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
+    return v
+
+
+def permute(x: Tensor, expert_ids: Tensor, num_experts: int, num_out_tokens: int | None = None, *, align: int = 1,
+            validate: bool | None = None) -> Permutation:
+    """Group the K copies of each token by expert.
+
+    ``x [T, H]`` (fp16/bf16/fp32/fp64); ``expert_ids [T, K]`` or ``[T]`` (int32/int64/bool/uint8): copy k of
+    token t goes to expert ``expert_ids[t, k]``; negative ids are dropped. Rows are grouped by ascending
+    expert, in ``(t, k)`` order inside an expert; ``num_out_tokens`` keeps the first that many copies of that
+    order (default all ``T·K``); rows past the kept ones are zero. ``align > 1`` starts every expert's rows at
+    a multiple of ``align`` (zero padding rows in between, at most ``align - 1`` per expert). Differentiable in
+    x. No host synchronisation; ids ``>= num_experts`` raise a ValueError where they are checked (see
+    ``validate``) and are dropped otherwise.
+    """
+    check_tensor("x", x, dim=2, dtypes=FLOATING)
+    ids = _routing_ids("expert_ids", expert_ids, x)
+    num_experts = _positive_int("num_experts", num_experts)
+    align = _positive_int("align", align)
+    slots = ids.numel()
+    if num_out_tokens is None:
+        num_out_tokens = slots
+    elif isinstance(num_out_tokens, bool) or not isinstance(num_out_tokens, int) or not 0 <= num_out_tokens <= slots:
+        raise ValueError(f"num_out_tokens must be an int in [0, T*K = {slots}], got {num_out_tokens!r}")
+    if _wants_validation(validate, ids) and ids.numel() and int(ids.max()) >= num_experts:
+        raise ValueError(f"expert_ids must be < num_experts = {num_experts} (negative ids are dropped), "
+                         f"got {int(ids.max())}")
+    return Permutation(*_ops.moe_permute(x, ids, num_experts, num_out_tokens, align))
+
+
+def unpermute(x_perm: Tensor, row_id_map: Tensor, probs: Tensor | None = None, num_tokens: int | None = None, *,
+              validate: bool | None = None) -> Tensor:
+    """``out[t] = Σ_k probs[t, k] · x_perm[row_id_map[k·T + t]]`` over the kept copies (fp32 accumulation, in
+    increasing k; probs None: weights 1). ``probs [T, K]`` any floating dtype (computed in fp32, its gradient
+    returned in its dtype); ``num_tokens`` defaults to ``probs.shape[0]``, or ``row_id_map.numel()`` (K = 1)
+    without probs. Differentiable in x_perm and probs."""
+    check_tensor("x_perm", x_perm, dim=2, dtypes=FLOATING)
+    check_tensor("row_id_map", row_id_map, dim=1, dtypes=(torch.int32,), device=x_perm.device)
+    if probs is not None:
+        check_tensor("probs", probs, dtypes=FLOATING, device=x_perm.device)
+        if probs.dim() == 1:
+            probs = probs[:, None]
+    if num_tokens is None:
+        num_tokens = probs.shape[0] if probs is not None else row_id_map.numel()
+    num_tokens = _positive_int("num_tokens", num_tokens, minimum=0)
+    if (row_id_map.numel() % num_tokens if num_tokens else row_id_map.numel()):
+        raise ValueError(f"row_id_map must hold K * num_tokens entries (num_tokens = {num_tokens}), got "
+                         f"{row_id_map.numel()}")
+    K = row_id_map.numel() // num_tokens if num_tokens else 0
+    if probs is not None and tuple(probs.shape) != (num_tokens, K):
+        raise ValueError(f"probs must be [T, K] = [{num_tokens}, {K}], got {tuple(probs.shape)}")
+    if _wants_validation(validate, row_id_map) and row_id_map.numel():
+        lo, hi = int(row_id_map.min()), int(row_id_map.max())
+        if lo < -1 or hi >= x_perm.shape[0]:
+            raise ValueError(f"row_id_map must have values in [-1, {x_perm.shape[0]}), got [{lo}, {hi}]")
+    return _ops.moe_unpermute_fwd(x_perm, row_id_map, probs, num_tokens)
+
+
+def swiglu(h: Tensor, group_offsets: Tensor, widths: Sequence[int]) -> Tensor:
+    """SwiGLU of grouped rows: rows ``[off[g], off[g+1])`` read gate columns ``[0, w_g)`` and up columns
+    ``[w_g, 2·w_g)`` of ``h``; returns ``silu(gate)·up`` ``[R, max w]`` (fp32 math, one rounding; zero outside
+    each group's width and rows). Differentiable in h."""
+    check_tensor("h", h, dim=2, dtypes=FLOATING)
+    check_tensor("group_offsets", group_offsets, dim=1, dtypes=(torch.int64,), device=h.device)
+    widths = [_positive_int(f"widths[{i}]", int(w), minimum=0) for i, w in enumerate(widths)]
+    if len(widths) != group_offsets.numel() - 1:
+        raise ValueError(f"widths must have one entry per group ({group_offsets.numel() - 1}), got {len(widths)}")
+    return _ops.moe_swiglu_fwd(h, group_offsets, widths)
+
+
+def _autocast_dtype(device: torch.device):
+    kind = device.type
+    if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return None
+
+
+def _gemm_dtype(named: dict) -> torch.dtype:
+    """Autocast dtype when enabled, else the one dtype all operands must share."""
+    first = next(iter(named.values()))
+    dtype = _autocast_dtype(first.device)
+    if dtype is not None:
+        return dtype
+    for name, t in named.items():
+        if t.dtype != first.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but {next(iter(named))} has {first.dtype}; the GEMM "
+                            "operands must share a dtype (cast them, or run under autocast)")
+    return first.dtype
+
+
+def grouped_linear(x: Tensor, weights: Sequence[Tensor], group_offsets: Tensor) -> Tensor:
+    """Rows ``[off[g], off[g+1])`` of ``x [R, k]`` times group g's nn.Linear weights: ``weights`` holds P
+    ``[n_gp, k_g]`` parts per group (``weights[g·P + p]``; ``k_g <= k`` reads the first k_g columns), whose
+    outputs sit side by side; output ``[R, max_g Σ_p n_gp]``, zero outside each group's columns and rows.
+    ``group_offsets`` int64 ``[G + 1]`` on x's device (values clamped into ``[0, R]``). One launch on CUDA, no
+    host sync; differentiable in x and the weights."""
+    check_tensor("x", x, dim=2, dtypes=FLOATING)
+    check_tensor("group_offsets", group_offsets, dim=1, dtypes=(torch.int64,), device=x.device)
+    weights = list(weights)
+    for i, w in enumerate(weights):
+        check_tensor(f"weights[{i}]", w, dim=2, dtypes=FLOATING, device=x.device)
+    dtype = _gemm_dtype({"x": x, **{f"weights[{i}]": w for i, w in enumerate(weights)}})
+    return _ops.moe_grouped_linear(x.to(dtype), [w.to(dtype) for w in weights], group_offsets)
+
+
+def asym_dual_gmm(a0: Tensor, a1: Tensor, w0: Tensor, w1: Tensor, trans_a: bool = False, trans_b: bool = False,
+                  out: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    """Two GEMMs of independent shapes in one call: ``c_e = op(a_e) · op(w_e)`` with ``op(a) = aᵀ`` under
+    ``trans_a`` (likewise ``trans_b``), so ``a_e`` is ``[m_e, k_e]`` (or ``[k_e, m_e]``) and ``w_e`` ``[k_e, n_e]``
+    (or ``[n_e, k_e]``). fp16/bf16/fp32/fp64, fp32 accumulation, one rounding; any m (0 included), n, k (k = 0
+    gives zeros), any strides. On CUDA the pair runs as two cuBLAS calls on the current stream, except
+    where an operand has an odd size or leading dimension (cuBLAS's slow unaligned kernels) and there are
+    >= 256 rows: then as one launch of the grouped mma kernel. ``out=(c0, c1)`` writes into the
+    given tensors (no autograd). Differentiable in all four operands (the gradients are dual GEMMs too)."""
+    named = {"input_expert0": a0, "input_expert1": a1, "weight_expert0": w0, "weight_expert1": w1}
+    for name, t in named.items():
+        check_tensor(name, t, dim=2, dtypes=FLOATING, device=a0.device if name != "input_expert0" else None)
+    dtype = _gemm_dtype(named)
+    a0, a1, w0, w1 = (t.to(dtype) for t in (a0, a1, w0, w1))
+    if out is None:
+        return _ops.dual_gemm(a0, a1, w0, w1, bool(trans_a), bool(trans_b))
+    c0, c1 = out
+    for name, t in (("output_expert0", c0), ("output_expert1", c1)):
+        check_tensor(name, t, dim=2, dtypes=FLOATING, device=a0.device)
+    _ops.dual_gemm_out(a0, a1, w0, w1, bool(trans_a), bool(trans_b), c0, c1)
+    return c0, c1
+
