@@ -35,7 +35,9 @@ def test_published_example():
 
 
 @pytest.mark.parametrize("device", device_params())
-@pytest.mark.parametrize("T,K,E", [(0, 2, 3), (1, 1, 1), (37, 1, 2), (50, 2, 5), (33, 3, 4), (40, 8, 8), (9, 16, 3)])
+# The last two take the multi-CTA routing on CUDA (more than 16384 slots; more than 64 experts).
+@pytest.mark.parametrize("T,K,E", [(0, 2, 3), (1, 1, 1), (37, 1, 2), (50, 2, 5), (33, 3, 4), (40, 8, 8), (9, 16, 3),
+                                   (4500, 4, 6), (300, 2, 100)])
 @pytest.mark.parametrize("align", [1, 8])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_permute_matches_reference(device, T, K, E, align, dtype):
@@ -175,6 +177,7 @@ GROUP_CASES = [  # counts per group, (n, k) per group, parts per group
     ([16, 40], [(24, 32), (8, 32)], 2),
     ([0, 0], [(4, 8), (4, 8)], 1),
     ([129, 70, 1], [(130, 72), (33, 64), (17, 72)], 2),
+    ([200, 57], [(136, 264), (72, 264)], 2),  # several k blocks, a partial last one
 ]
 
 

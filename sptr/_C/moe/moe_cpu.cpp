@@ -142,6 +142,18 @@ std::tuple<at::Tensor, at::Tensor> moe_unpermute_bwd_cpu(const at::Tensor& grad,
   return {grad_perm, grad_probs};
 }
 
+// f(r, w) for every row r of every group (width w), groups in order, rows of a group in parallel.
+template <typename F>
+void for_each_group_row(const at::Tensor& offsets, at::IntArrayRef widths, int64_t R, const F& f) {
+  const at::Tensor off = offsets.contiguous();
+  for (size_t g = 0; g < widths.size(); ++g) {
+    const auto [lo, hi] = group_rows(off.const_data_ptr<int64_t>(), g, R);
+    at::parallel_for(lo, hi, 16, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) f(r, widths[g]);
+    });
+  }
+}
+
 template <typename acc_t>
 acc_t silu(acc_t g) {
   return g / (acc_t(1) + std::exp(-g));
@@ -149,25 +161,19 @@ acc_t silu(acc_t g) {
 
 at::Tensor moe_swiglu_fwd_cpu(const at::Tensor& h, const at::Tensor& offsets, at::IntArrayRef widths) {
   check_swiglu_args(h, offsets, widths);
-  const int64_t R = h.size(0), W = max_width(widths), G = widths.size();
+  const int64_t R = h.size(0), W = max_width(widths), ld = h.size(1);
   auto out = at::zeros({R, W}, h.options());
-  const at::Tensor hc = h.contiguous(), off = offsets.contiguous();
-  const int64_t ld = h.size(1);
+  const at::Tensor hc = h.contiguous();
   SPTR_DISPATCH_FLOATING(h.scalar_type(), "moe_swiglu_fwd_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* hp = hc.const_data_ptr<scalar_t>();
     scalar_t* op = out.mutable_data_ptr<scalar_t>();
-    for (int64_t g = 0; g < G; ++g) {
-      const auto [lo, hi] = group_rows(off.const_data_ptr<int64_t>(), g, R);
-      const int64_t w = widths[g];
-      at::parallel_for(lo, hi, 16, [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r)
-          for (int64_t j = 0; j < w; ++j) {
-            const acc_t gate = static_cast<acc_t>(hp[r * ld + j]), up = static_cast<acc_t>(hp[r * ld + w + j]);
-            op[r * W + j] = static_cast<scalar_t>(silu(gate) * up);
-          }
-      });
-    }
+    for_each_group_row(offsets, widths, R, [&](int64_t r, int64_t w) {
+      for (int64_t j = 0; j < w; ++j) {
+        const acc_t gate = static_cast<acc_t>(hp[r * ld + j]), up = static_cast<acc_t>(hp[r * ld + w + j]);
+        op[r * W + j] = static_cast<scalar_t>(silu(gate) * up);
+      }
+    });
   });
   return out;
 }
@@ -175,31 +181,26 @@ at::Tensor moe_swiglu_fwd_cpu(const at::Tensor& h, const at::Tensor& offsets, at
 at::Tensor moe_swiglu_bwd_cpu(const at::Tensor& grad, const at::Tensor& h, const at::Tensor& offsets,
                               at::IntArrayRef widths) {
   check_swiglu_args(h, offsets, widths);
-  const int64_t R = h.size(0), W = max_width(widths), G = widths.size(), ld = h.size(1);
+  const int64_t R = h.size(0), W = max_width(widths), ld = h.size(1);
   SPTR_CHECK_VALUE(grad.dim() == 2 && grad.size(0) == R && grad.size(1) == W, "grad must be [", R, ", ", W,
                     "], got ", grad.sizes());
   SPTR_CHECK_SAME_DTYPE(grad, h);
   auto dh = at::zeros({R, ld}, h.options());
-  const at::Tensor hc = h.contiguous(), gc = grad.contiguous(), off = offsets.contiguous();
+  const at::Tensor hc = h.contiguous(), gc = grad.contiguous();
   SPTR_DISPATCH_FLOATING(h.scalar_type(), "moe_swiglu_bwd_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* hp = hc.const_data_ptr<scalar_t>();
     const scalar_t* gp = gc.const_data_ptr<scalar_t>();
     scalar_t* dp = dh.mutable_data_ptr<scalar_t>();
-    for (int64_t g = 0; g < G; ++g) {
-      const auto [lo, hi] = group_rows(off.const_data_ptr<int64_t>(), g, R);
-      const int64_t w = widths[g];
-      at::parallel_for(lo, hi, 16, [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r)
-          for (int64_t j = 0; j < w; ++j) {
-            const acc_t gate = static_cast<acc_t>(hp[r * ld + j]), up = static_cast<acc_t>(hp[r * ld + w + j]);
-            const acc_t d = static_cast<acc_t>(gp[r * W + j]);
-            const acc_t s = acc_t(1) / (acc_t(1) + std::exp(-gate));
-            dp[r * ld + j] = static_cast<scalar_t>(d * up * s * (acc_t(1) + gate * (acc_t(1) - s)));
-            dp[r * ld + w + j] = static_cast<scalar_t>(d * gate * s);
-          }
-      });
-    }
+    for_each_group_row(offsets, widths, R, [&](int64_t r, int64_t w) {
+      for (int64_t j = 0; j < w; ++j) {
+        const acc_t gate = static_cast<acc_t>(hp[r * ld + j]), up = static_cast<acc_t>(hp[r * ld + w + j]);
+        const acc_t d = static_cast<acc_t>(gp[r * W + j]);
+        const acc_t sig = acc_t(1) / (acc_t(1) + std::exp(-gate));
+        dp[r * ld + j] = static_cast<scalar_t>(d * up * sig * (acc_t(1) + gate * (acc_t(1) - sig)));
+        dp[r * ld + w + j] = static_cast<scalar_t>(d * gate * sig);
+      }
+    });
   });
   return dh;
 }
@@ -254,15 +255,6 @@ void dual_gemm_out_cpu(const at::Tensor& a0, const at::Tensor& a1, const at::Ten
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> dual_gemm_cpu(const at::Tensor& a0, const at::Tensor& a1, const at::Tensor& w0,
-                                                 const at::Tensor& w1, bool trans_a, bool trans_b) {
-  check_dual_args(a0, a1, w0, w1);
-  const DualShape s0 = dual_shape(a0, w0, trans_a, trans_b, 0), s1 = dual_shape(a1, w1, trans_a, trans_b, 1);
-  auto c0 = at::empty({s0.m, s0.n}, a0.options()), c1 = at::empty({s1.m, s1.n}, a0.options());
-  dual_gemm_out_cpu(a0, a1, w0, w1, trans_a, trans_b, c0, c1);
-  return {c0, c1};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(sptr, CPU, m) {
@@ -273,7 +265,7 @@ TORCH_LIBRARY_IMPL(sptr, CPU, m) {
   m.impl("moe_swiglu_bwd", &moe_swiglu_bwd_cpu);
   m.impl("moe_grouped_linear", &moe_grouped_linear_cpu);
   m.impl("moe_grouped_linear_wgrad", &moe_grouped_linear_wgrad_cpu);
-  m.impl("dual_gemm", &dual_gemm_cpu);
+  m.impl("dual_gemm", &dual_gemm_alloc<dual_gemm_out_cpu>);
   m.impl("dual_gemm_out", &dual_gemm_out_cpu);
 }
 

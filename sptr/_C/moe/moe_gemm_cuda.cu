@@ -3,8 +3,8 @@
 // reproducible). Problem rows (the MoE forward) or reduction ranges (the weight gradient) may come from
 // device-side group offsets, so the MoE layers never wait for the host.
 //
-// fp16/bf16: 128x128x32 CTA tiles, 8 warps of 64x32, mma.sync m16n8k16 fed by ldmatrix from XOR-swizzled
-// shared memory, a 3-stage cp.async pipeline (16-byte loads where a problem's rows and k range allow it, else
+// fp16/bf16: 128x128x32 CTA tiles, 4 warps of 64x64, mma.sync m16n8k16 fed by ldmatrix from XOR-swizzled
+// shared memory, a 4-stage cp.async pipeline (16-byte loads where a problem's rows and k range allow it, else
 // element loads), CTAs rasterised in bands of 8 row tiles so that a wave shares its A and B panels in L2.
 // fp32/fp64: 64x64x16 FMA tiles.
 #include <ATen/OpMathType.h>
@@ -97,12 +97,17 @@ __device__ __forceinline__ void store_pair(T* c, int64_t ldc, int64_t r, int64_t
   }
 }
 
-constexpr int kBM = 128, kBN = 128, kBK = 32, kStages = 3, kThreads = 256;
+// 4 warps of 64x64 each: 8 ldmatrix.x4 per 32 mma.sync per k16 step, the ratio at which shared memory keeps
+// up with the tensor cores (64x32 warp tiles need 6 per 16 and are bound by ldmatrix bandwidth).
+constexpr int kBM = 128, kBN = 128, kBK = 32, kStages = 4, kThreads = 128;
+constexpr int kWarpN = 64, kNTiles = kWarpN / 8;
+constexpr size_t kMmaSmem = size_t(kStages) * (kBM + kBN) * kBK * 2;  // 64 KB: dynamic shared memory
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_mma_kernel(const __grid_constant__ GemmParams P) {
-  __shared__ __align__(128) T As[kStages][kBM][kBK];
-  __shared__ __align__(128) T Bs[kStages][kBN][kBK];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  auto As = reinterpret_cast<T(*)[kBM][kBK]>(smem_raw);
+  auto Bs = reinterpret_cast<T(*)[kBN][kBK]>(smem_raw + size_t(kStages) * kBM * kBK * sizeof(T));
   Tile tile;
   if (!decode_tile<kBM, kBN>(P, blockIdx.x, tile)) return;
   const Problem& pr = P.p[tile.pi];
@@ -128,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_mma_kernel(const __g
                    (reinterpret_cast<uintptr_t>(A) % 16 == 0) && (reinterpret_cast<uintptr_t>(B) % 16 == 0);
   const int64_t nk = (k1 - k0 + kBK - 1) / kBK;
 
-  // Stage loads: 512 16-byte chunks per operand, two per thread. Chunk c of row r lives at c ^ ((r >> 1) & 3).
+  // Stage loads: 512 16-byte chunks per operand, four per thread. Chunk c of row r lives at c ^ ((r >> 1) & 3).
   auto load_stage = [&](int stage, int64_t kb) {
 #pragma unroll
     for (int op = 0; op < 2; ++op) {
@@ -137,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_mma_kernel(const __g
       const int64_t base = op == 0 ? tile.row0 + tile.m_base : tile.n_base;
       const int64_t limit = op == 0 ? tile.row0 + tile.m_base + rows_left : n_end;
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < kBM * kBK / 8 / kThreads; ++j) {
         const int i = tid + j * kThreads, r = i >> 2, ch = i & 3;
         T* dst = (op == 0 ? &As[stage][r][0] : &Bs[stage][r][0]) + ((ch ^ ((r >> 1) & 3)) << 3);
         const int64_t gr = base + r, gk = k0 + kb * kBK + ch * 8;
@@ -154,11 +159,11 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_mma_kernel(const __g
     }
   };
 
-  float acc[4][4][4];
+  float acc[4][kNTiles][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
@@ -176,21 +181,21 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_mma_kernel(const __g
     const int stage = kb % kStages;
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
-      uint32_t af[4][4], bf[2][4];
+      uint32_t af[4][4], bf[kNTiles / 2][4];
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi) {
         const int r = warp_m * 64 + mi * 16 + (lane & 15), ch = ks * 2 + (lane >> 4);
         mma::ldmatrix_x4(af[mi], &As[stage][r][(ch ^ ((r >> 1) & 3)) << 3]);
       }
 #pragma unroll
-      for (int nj = 0; nj < 2; ++nj) {
-        const int r = warp_n * 32 + nj * 16 + (lane & 7) + ((lane >> 4) << 3), ch = ks * 2 + ((lane >> 3) & 1);
+      for (int nj = 0; nj < kNTiles / 2; ++nj) {
+        const int r = warp_n * kWarpN + nj * 16 + (lane & 7) + ((lane >> 4) << 3), ch = ks * 2 + ((lane >> 3) & 1);
         mma::ldmatrix_x4(bf[nj], &Bs[stage][r][(ch ^ ((r >> 1) & 3)) << 3]);
       }
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
+        for (int ni = 0; ni < kNTiles; ++ni)
           mma::mma_16816<T>(acc[mi][ni], af[mi], bf[ni >> 1][(ni & 1) * 2], bf[ni >> 1][(ni & 1) * 2 + 1]);
     }
   }
@@ -204,8 +209,8 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_mma_kernel(const __g
       const int64_t r = warp_m * 64 + mi * 16 + g + 8 * half;
       if (r >= rows_left) continue;
 #pragma unroll
-      for (int ni = 0; ni < 4; ++ni) {
-        const int64_t col = tile.n_base + warp_n * 32 + ni * 8 + 2 * t4;
+      for (int ni = 0; ni < kNTiles; ++ni) {
+        const int64_t col = tile.n_base + warp_n * kWarpN + ni * 8 + 2 * t4;
         store_pair<T>(C, pr.ldc, tile.row0 + tile.m_base + r, col, n_end, z_end, acc[mi][ni][2 * half],
                       acc[mi][ni][2 * half + 1], pair_ok);
       }
@@ -270,9 +275,22 @@ bool use_mma(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
 // Launches the problems in chunks of kMaxProblems. Static tilings are numbered on the host. With rows from
 // offsets, the ranges of one part (`parts[i]`) partition the rows, so each part needs at most
 // ceil(rows / BM) + (its ranges) row tiles; the grid covers that and the surplus CTAs return at once.
+// The mma kernels use more than the default 48 KB of dynamic shared memory: raised once per device.
+void allow_mma_smem() {
+  static bool done[64] = {};
+  const int dev = at::cuda::current_device();
+  if (dev < 64 && done[dev]) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_mma_kernel<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kMmaSmem)));
+  C10_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_mma_kernel<__nv_bfloat16>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMmaSmem)));
+  if (dev < 64) done[dev] = true;
+}
+
 void launch_grouped(GemmParams P, const std::vector<Problem>& problems, const std::vector<int>& parts,
                     at::ScalarType dtype, int64_t rows) {
   const bool mma = use_mma(dtype);
+  if (mma) allow_mma_smem();
   const int64_t BM = mma ? kBM : kFmaBM, BN = mma ? kBN : kFmaBN;
   auto stream = at::cuda::getCurrentCUDAStream();
   for (size_t first = 0; first < problems.size(); first += kMaxProblems) {
@@ -298,8 +316,10 @@ void launch_grouped(GemmParams P, const std::vector<Problem>& problems, const st
     SPTR_CHECK_VALUE(tiles < (int64_t(1) << 31), "grouped GEMM too large: ", tiles, " tiles");
     if (tiles == 0) continue;
     switch (dtype) {
-      case at::kHalf: grouped_gemm_mma_kernel<__half><<<tiles, kThreads, 0, stream>>>(P); break;
-      case at::kBFloat16: grouped_gemm_mma_kernel<__nv_bfloat16><<<tiles, kThreads, 0, stream>>>(P); break;
+      case at::kHalf: grouped_gemm_mma_kernel<__half><<<tiles, kThreads, kMmaSmem, stream>>>(P); break;
+      case at::kBFloat16:
+        grouped_gemm_mma_kernel<__nv_bfloat16><<<tiles, kThreads, kMmaSmem, stream>>>(P);
+        break;
       case at::kFloat: grouped_gemm_fma_kernel<float><<<tiles, 256, 0, stream>>>(P); break;
       case at::kDouble: grouped_gemm_fma_kernel<double><<<tiles, 256, 0, stream>>>(P); break;
       default: SPTR_CHECK_TYPE(false, "grouped GEMM: unsupported dtype ", dtype);
@@ -434,21 +454,12 @@ void dual_gemm_out_cuda(const at::Tensor& a0, const at::Tensor& a1, const at::Te
     if (keep[3 * e + 2].defined() && !keep[3 * e + 2].is_same(*cs[e])) cs[e]->copy_(keep[3 * e + 2]);
 }
 
-std::tuple<at::Tensor, at::Tensor> dual_gemm_cuda(const at::Tensor& a0, const at::Tensor& a1, const at::Tensor& w0,
-                                                  const at::Tensor& w1, bool trans_a, bool trans_b) {
-  check_dual_args(a0, a1, w0, w1);
-  const DualShape s0 = dual_shape(a0, w0, trans_a, trans_b, 0), s1 = dual_shape(a1, w1, trans_a, trans_b, 1);
-  auto c0 = at::empty({s0.m, s0.n}, a0.options()), c1 = at::empty({s1.m, s1.n}, a0.options());
-  dual_gemm_out_cuda(a0, a1, w0, w1, trans_a, trans_b, c0, c1);
-  return {c0, c1};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(sptr, CUDA, m) {
   m.impl("moe_grouped_linear", &moe_grouped_linear_cuda);
   m.impl("moe_grouped_linear_wgrad", &moe_grouped_linear_wgrad_cuda);
-  m.impl("dual_gemm", &dual_gemm_cuda);
+  m.impl("dual_gemm", &dual_gemm_alloc<dual_gemm_out_cuda>);
   m.impl("dual_gemm_out", &dual_gemm_out_cuda);
 }
 

@@ -178,6 +178,20 @@ inline void check_dual_out(const at::Tensor& c, const DualShape& s, const at::Te
   for (const at::Tensor* t : inputs) at::assert_no_overlap(c, *t);
 }
 
+// dual_gemm from a device's dual_gemm_out: the outputs allocated with the shapes of the flags.
+using DualGemmOut = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, bool,
+                             const at::Tensor&, const at::Tensor&);
+
+template <DualGemmOut out_fn>
+std::tuple<at::Tensor, at::Tensor> dual_gemm_alloc(const at::Tensor& a0, const at::Tensor& a1, const at::Tensor& w0,
+                                                   const at::Tensor& w1, bool trans_a, bool trans_b) {
+  check_dual_args(a0, a1, w0, w1);
+  const DualShape s0 = dual_shape(a0, w0, trans_a, trans_b, 0), s1 = dual_shape(a1, w1, trans_a, trans_b, 1);
+  auto c0 = at::empty({s0.m, s0.n}, a0.options()), c1 = at::empty({s1.m, s1.n}, a0.options());
+  out_fn(a0, a1, w0, w1, trans_a, trans_b, c0, c1);
+  return {c0, c1};
+}
+
 // probs as a contiguous [T, K] tensor of the accumulation dtype (fp32; fp64 for fp64 activations), or undefined.
 inline at::Tensor combine_weights(const c10::optional<at::Tensor>& probs, const at::Tensor& x) {
   if (!probs.has_value()) return at::Tensor();
