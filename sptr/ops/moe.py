@@ -329,9 +329,9 @@ def asym_dual_gmm(a0: Tensor, a1: Tensor, w0: Tensor, w1: Tensor, trans_a: bool 
     """Two GEMMs of independent shapes in one call: ``c_e = op(a_e) · op(w_e)`` with ``op(a) = aᵀ`` under
     ``trans_a`` (likewise ``trans_b``), so ``a_e`` is ``[m_e, k_e]`` (or ``[k_e, m_e]``) and ``w_e`` ``[k_e, n_e]``
     (or ``[n_e, k_e]``). fp16/bf16/fp32/fp64, fp32 accumulation, one rounding; any m (0 included), n, k (k = 0
-    gives zeros), any strides. On CUDA the pair runs as two cuBLAS calls on the current stream, except
-    where an operand has an odd size or leading dimension (cuBLAS's slow unaligned kernels) and there are
-    >= 256 rows: then as one launch of the grouped mma kernel. ``out=(c0, c1)`` writes into the
+    gives zeros), any strides. On CUDA each expert runs through cuBLAS on the current stream, except where
+    its k, n or a leading dimension is odd (cuBLAS's slow unaligned kernels) and it has >= 256 rows: such
+    experts run together in one launch of the grouped mma kernel. ``out=(c0, c1)`` writes into the
     given tensors (no autograd). Differentiable in all four operands (the gradients are dual GEMMs too)."""
     named = {"input_expert0": a0, "input_expert1": a1, "weight_expert0": w0, "weight_expert1": w1}
     for name, t in named.items():

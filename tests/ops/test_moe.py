@@ -35,7 +35,7 @@ def test_published_example():
 
 
 @pytest.mark.parametrize("device", device_params())
-# The last two take the multi-CTA routing on CUDA (more than 16384 slots; more than 64 experts).
+# Up to 18,000 slots (70 routing chunks on CUDA) and 100 experts.
 @pytest.mark.parametrize("T,K,E", [(0, 2, 3), (1, 1, 1), (37, 1, 2), (50, 2, 5), (33, 3, 4), (40, 8, 8), (9, 16, 3),
                                    (4500, 4, 6), (300, 2, 100)])
 @pytest.mark.parametrize("align", [1, 8])
@@ -213,6 +213,7 @@ DUAL_SHAPES = [  # (m0, k0, n0), (m1, k1, n1)
     ((17, 0, 9), (8, 13, 7)),
     ((130, 72, 136), (64, 64, 64)),
     ((300, 33, 40), (260, 16, 7)),  # odd k and n at >= 256 rows: the grouped kernel on CUDA
+    ((300, 33, 40), (100, 16, 8)),  # expert 0 through the grouped kernel, expert 1 through cuBLAS
 ]
 
 

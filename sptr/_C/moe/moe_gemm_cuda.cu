@@ -403,55 +403,52 @@ std::vector<at::Tensor> moe_grouped_linear_wgrad_cuda(const at::Tensor& grad, co
   return dw;
 }
 
-// cuBLAS's Hopper kernels beat the mma.sync tiles except where an operand has an odd leading dimension (or
-// odd n / k), which drops cuBLAS to slow unaligned kernels: measured on the H200 (benchmarks/RESULTS.md), the
-// grouped kernel is 1.5-1.9x faster there once the problem has a few row tiles.
-bool cublas_unaligned(const at::Tensor& t) {
-  return t.size(0) % 2 || t.size(1) % 2 || (t.stride(0) != 1 && t.stride(0) % 2) || (t.stride(1) != 1 && t.stride(1) % 2);
+// cuBLAS's Hopper kernels beat the mma.sync tiles except where k, n or a leading dimension is odd, which drops
+// cuBLAS to slow unaligned kernels: measured on the H200 (benchmarks/RESULTS.md), the grouped kernel is
+// 1.1-1.8x faster there once the problem has a few row tiles. The row count m does not matter.
+bool cublas_unaligned(const at::Tensor& op_a, const at::Tensor& op_w) {  // op(a) [m, k], op(w) [k, n]
+  auto odd_ld = [](const at::Tensor& t) {
+    return (t.stride(0) != 1 && t.size(0) > 1 && t.stride(0) % 2) || (t.stride(1) != 1 && t.size(1) > 1 && t.stride(1) % 2);
+  };
+  return op_a.size(1) % 2 || op_w.size(1) % 2 || odd_ld(op_a) || odd_ld(op_w);
 }
 
 void dual_gemm_out_cuda(const at::Tensor& a0, const at::Tensor& a1, const at::Tensor& w0, const at::Tensor& w1,
                         bool trans_a, bool trans_b, const at::Tensor& c0, const at::Tensor& c1) {
   c10::cuda::CUDAGuard guard(a0.device());
   check_dual_args(a0, a1, w0, w1);
-  const at::Tensor* as[2] = {&a0, &a1};
-  const at::Tensor* ws[2] = {&w0, &w1};
   const at::Tensor* cs[2] = {&c0, &c1};
-  DualShape s[2];
-  bool unaligned = false;
-  int64_t m_max = 0;
+  at::Tensor A[2], W[2];  // op(a) [m, k], op(w) [k, n]
   for (int e = 0; e < 2; ++e) {
-    s[e] = dual_shape(*as[e], *ws[e], trans_a, trans_b, e);
-    check_dual_out(*cs[e], s[e], a0, e, {&a0, &a1, &w0, &w1});
-    unaligned = unaligned || cublas_unaligned(*as[e]) || cublas_unaligned(*ws[e]);
-    m_max = std::max(m_max, s[e].m);
+    const at::Tensor& a = e ? a1 : a0;
+    const at::Tensor& w = e ? w1 : w0;
+    check_dual_out(*cs[e], dual_shape(a, w, trans_a, trans_b, e), a0, e, {&a0, &a1, &w0, &w1});
+    A[e] = trans_a ? a.t() : a;
+    W[e] = trans_b ? w.t() : w;
   }
-  if (!use_mma(a0.scalar_type()) || !unaligned || m_max < 2 * kBM) {
-    for (int e = 0; e < 2; ++e) {
-      if (s[e].m == 0 || s[e].n == 0) continue;
-      at::mm_out(const_cast<at::Tensor&>(*cs[e]), trans_a ? as[e]->t() : *as[e], trans_b ? ws[e]->t() : *ws[e]);
-    }
-    return;
-  }
+  // Per expert: the grouped kernel where cuBLAS would run unaligned and there are >= 2 row tiles, else cuBLAS.
   // The fused kernel reads A [m, k] and Bᵀ [n, k] with k contiguous, and writes row-major C.
   GemmParams params{};
   params.mode = kStatic;
   std::vector<Problem> problems;
-  at::Tensor keep[6];
+  at::Tensor keep[2][3];
   for (int e = 0; e < 2; ++e) {
-    if (s[e].m == 0 || s[e].n == 0) continue;
-    const at::Tensor A = k_contiguous(trans_a ? as[e]->t() : *as[e]);
-    const at::Tensor Bt = k_contiguous(trans_b ? *ws[e] : ws[e]->t());
-    const bool direct = cs[e]->stride(1) == 1;
-    const at::Tensor C = direct ? *cs[e] : at::empty({s[e].m, s[e].n}, a0.options());
-    keep[3 * e] = A, keep[3 * e + 1] = Bt, keep[3 * e + 2] = C;
-    problems.push_back(Problem{A.const_data_ptr(), Bt.const_data_ptr(), C.data_ptr(), A.stride(0), Bt.stride(0),
-                               C.stride(0), static_cast<int32_t>(s[e].m), static_cast<int32_t>(s[e].n), 0,
-                               static_cast<int32_t>(s[e].k), -1, 0});
+    if (A[e].size(0) == 0 || W[e].size(1) == 0) continue;
+    if (!use_mma(a0.scalar_type()) || !cublas_unaligned(A[e], W[e]) || A[e].size(0) < 2 * kBM) {
+      at::mm_out(const_cast<at::Tensor&>(*cs[e]), A[e], W[e]);
+      continue;
+    }
+    const at::Tensor Ak = k_contiguous(A[e]), Bt = k_contiguous(W[e].t());
+    const at::Tensor C = cs[e]->stride(1) == 1 ? *cs[e] : at::empty(cs[e]->sizes(), a0.options());
+    keep[e][0] = Ak, keep[e][1] = Bt, keep[e][2] = C;
+    problems.push_back(Problem{Ak.const_data_ptr(), Bt.const_data_ptr(), C.data_ptr(), Ak.stride(0), Bt.stride(0),
+                               C.stride(0), static_cast<int32_t>(Ak.size(0)), static_cast<int32_t>(Bt.size(0)), 0,
+                               static_cast<int32_t>(Ak.size(1)), -1, 0});
   }
+  if (problems.empty()) return;
   launch_grouped(params, problems, {}, a0.scalar_type(), 0);
   for (int e = 0; e < 2; ++e)
-    if (keep[3 * e + 2].defined() && !keep[3 * e + 2].is_same(*cs[e])) cs[e]->copy_(keep[3 * e + 2]);
+    if (keep[e][2].defined() && !keep[e][2].is_same(*cs[e])) cs[e]->copy_(keep[e][2]);
 }
 
 }  // namespace

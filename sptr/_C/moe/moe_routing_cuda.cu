@@ -98,56 +98,6 @@ __global__ void moe_scan_kernel(int32_t* hist, int64_t E, int64_t chunks, int64_
   if (threadIdx.x == 0) expert_layout(hist, chunks, total, E, num_out, align, tokens_per_expert, offsets, delta, kept_end);
 }
 
-// The whole routing of a small problem (slots <= kSmallSlots, E <= kSmallExperts) in one CTA: each warp
-// counts a contiguous run of slots (32 at a time, peers found by __match_any_sync), one flat scan over the
-// expert-major (expert, warp) counts gives every warp's first position per expert, then each warp ranks its
-// run again. Same result as the count / scan / rank kernels, two launches fewer.
-constexpr int64_t kSmallSlots = 16384;
-constexpr int kSmallExperts = 64;
-
-__global__ void __launch_bounds__(1024) moe_route_small_kernel(IntView ids, int64_t slots, int64_t T, int64_t K,
-                                                               int64_t E, int64_t num_out, int64_t align,
-                                                               int64_t* tokens_per_expert, int64_t* offsets,
-                                                               int32_t* row_id_map, int32_t* src_token) {
-  __shared__ int32_t first[kSmallExperts * 32];  // [expert][warp]
-  __shared__ int32_t running[32][kSmallExperts];
-  __shared__ int64_t warp_sums[32], delta[kSmallExperts], kept_end[kSmallExperts];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int i = threadIdx.x; i < kSmallExperts * 32; i += blockDim.x) first[i] = 0, (&running[0][0])[i] = 0;
-  __syncthreads();
-  const int64_t per_warp = (slots + 31) / 32, lo = warp * per_warp, hi = min(slots, lo + per_warp);
-  auto expert_of = [&](int64_t s) {
-    const int64_t v = s < hi ? ids[s] : -1;
-    return v >= 0 && v < E ? static_cast<int>(v) : -1;
-  };
-  for (int64_t base = lo; base < hi; base += 32) {
-    const int e = expert_of(base + lane);
-    const unsigned peers = __match_any_sync(0xffffffffu, e);
-    if (e >= 0 && lane == __ffs(peers) - 1) first[e * 32 + warp] += __popc(peers);
-  }
-  __syncthreads();
-  const int64_t total = block_exclusive_scan(first, E * 32, warp_sums);
-  if (threadIdx.x == 0) expert_layout(first, 32, total, E, num_out, align, tokens_per_expert, offsets, delta, kept_end);
-  __syncthreads();
-  for (int64_t base = lo; base < hi; base += 32) {
-    const int64_t s = base + lane;
-    const int e = expert_of(s);
-    const unsigned peers = __match_any_sync(0xffffffffu, e);
-    int32_t row = -1;
-    if (e >= 0) {
-      const int64_t pos = first[e * 32 + warp] + running[warp][e] + __popc(peers & ((1u << lane) - 1));
-      if (pos < kept_end[e]) row = static_cast<int32_t>(pos + delta[e]);
-    }
-    __syncwarp();
-    if (e >= 0 && lane == __ffs(peers) - 1) running[warp][e] += __popc(peers);
-    __syncwarp();
-    if (s < hi) {
-      row_id_map[(s % K) * T + s / K] = row;
-      if (row >= 0) src_token[row] = static_cast<int32_t>(s / K);
-    }
-  }
-}
-
 // Rank of each slot among the slots of its expert (stable in slot order) -> its row, or -1.
 __global__ void moe_rank_kernel(IntView ids, int64_t slots, int64_t T, int64_t K, int64_t E,
                                 const int32_t* first, int64_t chunks, const int64_t* delta,
@@ -331,29 +281,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute_cuda(cons
   auto tokens_per_expert = at::empty({E}, idx), offsets = at::empty({E + 1}, idx);
   auto row_id_map = at::empty({slots}, x.options().dtype(at::kInt));
   auto x_perm = at::empty({rows, H}, x.options());
-  // Scratch: the source token of every kept row and (large problems) the histogram table, int32; per-expert
-  // delta / kept end, int64.
-  const bool small = slots <= kSmallSlots && E <= kSmallExperts;
-  auto scratch32 = at::empty({rows + (small ? 0 : E * chunks)}, x.options().dtype(at::kInt));
+  // Scratch: the source token of every kept row and the histogram table, int32; per-expert delta / kept end.
+  auto scratch32 = at::empty({rows + E * chunks}, x.options().dtype(at::kInt));
   int32_t* src = scratch32.mutable_data_ptr<int32_t>();
   int32_t* hist = src + rows;
   const IntView iv = int_view(ids);
-  if (small) {
-    moe_route_small_kernel<<<1, 1024, 0, stream>>>(iv, slots, T, K, E, num_out, align,
-                                                  tokens_per_expert.mutable_data_ptr<int64_t>(),
-                                                  offsets.mutable_data_ptr<int64_t>(),
-                                                  row_id_map.mutable_data_ptr<int32_t>(), src);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  } else {
-    auto scratch64 = at::empty({2 * E}, idx);
+  auto scratch64 = at::empty({2 * E}, idx);
+  if (chunks > 0) {
     moe_count_kernel<<<chunks, kChunk, E * sizeof(int32_t), stream>>>(iv, slots, E, hist, chunks);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    moe_scan_kernel<<<1, kScanThreads, 0, stream>>>(hist, E, chunks, num_out, align,
-                                                    tokens_per_expert.mutable_data_ptr<int64_t>(),
-                                                    offsets.mutable_data_ptr<int64_t>(),
-                                                    scratch64.mutable_data_ptr<int64_t>(),
-                                                    scratch64.mutable_data_ptr<int64_t>() + E);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  moe_scan_kernel<<<1, kScanThreads, 0, stream>>>(hist, E, chunks, num_out, align,
+                                                  tokens_per_expert.mutable_data_ptr<int64_t>(),
+                                                  offsets.mutable_data_ptr<int64_t>(),
+                                                  scratch64.mutable_data_ptr<int64_t>(),
+                                                  scratch64.mutable_data_ptr<int64_t>() + E);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (chunks > 0) {
     moe_rank_kernel<<<chunks, kChunk, 0, stream>>>(iv, slots, T, K, E, hist, chunks,
                                                    scratch64.const_data_ptr<int64_t>(),
                                                    scratch64.const_data_ptr<int64_t>() + E,
