@@ -117,9 +117,7 @@ def test_unpermute_forward_and_backward(device, K, dtype, probs_kind):
     if probs_kind != "none":
         probs = torch.rand(T, K).to(torch.float32 if probs_kind == "fp32" else torch.bfloat16).to(device)
         probs.requires_grad_()
-    num_tokens = T if probs is None else None
-    if probs is None and K > 1:
-        num_tokens = T
+    num_tokens = T if probs is None else None  # with probs, T comes from their shape
     out = moe.unpermute(y, perm.row_id_map, probs, num_tokens)
     y64 = y.detach().double().requires_grad_()
     p64 = None if probs is None else probs.detach().double().requires_grad_()
