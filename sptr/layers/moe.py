@@ -1,8 +1,8 @@
 """MoE feed-forward layers on the fused routing and grouped-GEMM ops: the Wall-X dual-expert SwiGLU FFN and a
 routed top-k FFN. Both keep the parameter names of the plain modules they replace (``experts.{e}.gate_proj``,
-``up_proj``, ``down_proj``; the router is ``gate``), so their state dicts load either way, and neither waits
-for the host: expert offsets stay on the device (one graph under ``torch.compile(fullgraph=True)``,
-capturable in a CUDA graph)."""
+``up_proj``, ``down_proj``; the router is ``gate``), so their state dicts load either way. Expert offsets stay
+on the device: the grouped GEMM path never waits for the host (one graph under
+``torch.compile(fullgraph=True)``, capturable in a CUDA graph); see GEMM_BACKENDS for the eager default."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..ops.moe import _autocast_dtype, grouped_linear, permute, swiglu, unpermute
+from ..ops._checks import autocast_dtype
+from ..ops.moe import grouped_linear, permute, swiglu, unpermute
 from ..reference.moe import SwiGLUExpert, capacity_keep
 from .config import LayerConfig, check_positive
 
@@ -57,7 +58,7 @@ class DualExpertFFNConfig(LayerConfig):
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
-    return _autocast_dtype(x.device) or x.dtype
+    return autocast_dtype(x.device) or x.dtype
 
 
 def _add_group_bias(y: Tensor, biases, offsets: Tensor) -> Tensor:

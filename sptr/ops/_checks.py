@@ -108,6 +108,14 @@ def check_offsets(name: str, offsets: Tensor, total: int) -> None:
     _remember(offsets, check)
 
 
+def autocast_dtype(device: torch.device):
+    """The autocast dtype when autocast is on for the device's type (cuda / cpu), else None."""
+    kind = device.type
+    if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return None
+
+
 def common_float_dtype(**tensors: Tensor) -> torch.dtype:
     """The one floating dtype of an op's inputs. Mixed dtypes are an error, except under autocast, where
     they are promoted to the widest (never downcast: fp32 inputs stay fp32)."""

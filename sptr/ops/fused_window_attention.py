@@ -13,7 +13,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401  (registers torch.ops.sptr)
 
-from ._checks import FLOATING, INDEX, check_offsets, check_range, check_shape, check_tensor
+from ._checks import FLOATING, INDEX, autocast_dtype, check_offsets, check_range, check_shape, check_tensor
 
 _ops = torch.ops.sptr
 
@@ -110,13 +110,6 @@ def _check_rel_pos(rel_pos: RelativePosition, n: int, h: int, d: int, device) ->
     check_range("rel_pos.coords", linear, 0, shift + 1)
 
 
-def _autocast_dtype(device: torch.device):
-    kind = device.type
-    if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
-        return torch.get_autocast_dtype(kind)
-    return None
-
-
 def window_attention(q: Tensor, k: Tensor, v: Tensor, window_offsets: Tensor, *,
                      rel_pos: RelativePosition | None = None, scale: float | None = None,
                      deterministic: bool = False) -> Tensor:
@@ -141,7 +134,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window_offsets: Tensor, *,
     if rel_pos is not None:
         _check_rel_pos(rel_pos, n, h, d, q.device)
     tables = rel_pos.tables() if rel_pos is not None else (None, None, None)
-    dtype = _autocast_dtype(q.device)
+    dtype = autocast_dtype(q.device)
     floats = [t for t in (q, k, v, *tables) if t is not None]
     if dtype is None:
         dtype = q.dtype

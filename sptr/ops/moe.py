@@ -13,7 +13,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, check_tensor
+from ._checks import FLOATING, autocast_dtype, check_tensor
 
 _ops = torch.ops.sptr
 ROUTING_IDS = (torch.int32, torch.int64, torch.bool, torch.uint8)
@@ -289,17 +289,10 @@ def swiglu(h: Tensor, group_offsets: Tensor, widths: Sequence[int]) -> Tensor:
     return _ops.moe_swiglu_fwd(h, group_offsets, widths)
 
 
-def _autocast_dtype(device: torch.device):
-    kind = device.type
-    if kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind):
-        return torch.get_autocast_dtype(kind)
-    return None
-
-
 def _gemm_dtype(named: dict) -> torch.dtype:
     """Autocast dtype when enabled, else the one dtype all operands must share."""
     first = next(iter(named.values()))
-    dtype = _autocast_dtype(first.device)
+    dtype = autocast_dtype(first.device)
     if dtype is not None:
         return dtype
     for name, t in named.items():
