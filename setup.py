@@ -61,8 +61,10 @@ setup(
     packages=find_packages(include=["sptr", "sptr.*"]),
     package_data={"sptr._C": ["**/*.h", "**/*.cuh", "**/*.cpp", "**/*.cu"]},
     python_requires=">=3.10",
-    install_requires=["torch>=2.4", "numpy", "einops", "safetensors", "pyyaml"],
-    extras_require={"test": ["pytest", "expecttest", "transformers==4.49.0"], "scatter": ["torch-scatter"]},
+    install_requires=["torch>=2.4", "numpy", "einops", "safetensors", "pyyaml", "tqdm"],
+    # The SphereFormer U-Net's sparse convolutions: spconv (CPU wheel) or spconv-cu12x on CUDA machines.
+    extras_require={"test": ["pytest", "expecttest", "transformers==4.49.0"], "scatter": ["torch-scatter"],
+                    "spconv": ["spconv>=2.3"], "spconv-cuda": ["spconv-cu126>=2.3"]},
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     zip_safe=False,

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One build + GPU test + benchmark cycle on the H200 device (see README "GPU validation").
-# Wheels for transformers 4.49 (the test oracle) and liger-kernel travel in .whl/ (not committed).
+# Wheels for transformers 4.49 (the test oracle), liger-kernel and spconv's pure-Python needs (pccm, ccimport,
+# fire, termcolor, lark) travel in .whl/ (not committed); spconv-cu126 and cumm-cu126 as one xz tarball of their
+# unpacked wheels (.whl/spconv_cu126_cumm.tar.xz: the two wheels are 98 MB, over a call's 64 MiB).
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -10,6 +12,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && ORACLE=/tmp/site
 fi
+[ -f .whl/spconv_cu126_cumm.tar.xz ] && mkdir -p /tmp/site && tar xJf .whl/spconv_cu126_cumm.tar.xz -C /tmp/site
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 # The published sptr 1.1.1, for the fused-attention benchmark: its sdist plus the four headers the sdist lacks
 # (D11, taken from its git repository), carried in .bench_deps/ (not committed), built next to ours and

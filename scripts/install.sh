@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv/ and installs sptr (editable, extension built in place) with its test dependencies.
+# Also installs spconv 2.3.8 (CPU wheel, or spconv-cu126 where an NVIDIA driver runs; SPCONV_WHEEL overrides).
 # CUDA kernels are compiled when a CUDA toolkit and a CUDA build of torch are present (or FORCE_CUDA=1),
 # for TORCH_CUDA_ARCH_LIST (default 8.0;8.6;8.9;9.0); otherwise a CPU-only extension is built.
 set -euo pipefail
@@ -7,7 +8,13 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=".venv/bin/python -m pip"
-$PIP install -q "torch==2.14.1" numpy einops safetensors pyyaml ninja setuptools wheel
+$PIP install -q "torch==2.14.1" numpy einops safetensors pyyaml tqdm ninja setuptools wheel
+# spconv (the SphereFormer U-Net's sparse convolutions) is independent of the torch version: its CUDA 12.6 wheel
+# where an NVIDIA driver is present, else the CPU wheel. SPCONV_WHEEL overrides (e.g. spconv-cu121).
+if [ -z "${SPCONV_WHEEL:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then SPCONV_WHEEL=spconv-cu126; else SPCONV_WHEEL=spconv; fi
+fi
+$PIP install -q "$SPCONV_WHEEL==2.3.8"
 $PIP install -q pytest expecttest "transformers==4.49.0"
 # Rebuilding the extension takes minutes: skip it when the kernel sources and build settings are unchanged.
 STAMP=.venv/sptr-build.stamp

@@ -39,3 +39,6 @@ def assert_close(name, actual, expected, tol):
 def cuda_build_has_kernels():
     """On a CUDA build, a missing CUDA kernel is a failure, not a skip."""
     return sptr._C.has_cuda_kernels()
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -41,6 +41,17 @@ def exponential_split(xyz, index_0, index_1, relative_position_index, a=0.05 * 0
     return bins
 
 
+ATTENTION_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def attention_compute_dtype(name: str) -> torch.dtype:
+    """SphereFormer's AMP rule: q, k, v and the tables are cast to float32 before attention, so under autocast
+    the attention still runs in fp32; "float16"/"bfloat16" opt into the fused low-precision path."""
+    if name not in ATTENTION_DTYPES:
+        raise ValueError(f"attention_dtype must be one of {sorted(ATTENTION_DTYPES)}, got {name!r}")
+    return ATTENTION_DTYPES[name]
+
+
 class DropPath(nn.Module):
     """Stochastic depth per sample (here: per point, as SphereFormer applies it to (N, C) features)."""
 
@@ -73,6 +84,7 @@ class SparseMultiheadSASphereConcat(nn.Module):
         self.rel_query, self.rel_key, self.rel_value = (kwargs.get(f, False) for f in ("rel_query", "rel_key", "rel_value"))
         self.a = kwargs.get("a", 0.05 * 0.25)
         self.attention = check_attention_path(kwargs.get("attention", "fused"))
+        self.attention_dtype = attention_compute_dtype(kwargs.get("attention_dtype", "float32"))
         self.quant_grid_length = quant_grid_length(self.window_size, self.quant_size)
         self.quant_grid_length_sphere = quant_grid_length(self.window_size_sphere, self.quant_size_sphere)
         h1 = num_heads // 2
@@ -98,18 +110,23 @@ class SparseMultiheadSASphereConcat(nn.Module):
 
     def _fused(self, sptr_tensor, key, q, k, v, xyz, batch, window, quant, qgl, tables, radial_a=None):
         sort_idx, offsets = cached_windows(sptr_tensor, key, xyz, batch, window, self.shift_win)
-        return fused_sparse_self_attention(q, k, v, xyz, sort_idx, offsets, window, self.shift_win, self.scale,
-                                           quant, qgl, self._logit_and_value_tables(tables), radial_a)
+        dtype = self.attention_dtype
+        tables = tuple(None if t is None else t.to(dtype) for t in self._logit_and_value_tables(tables))
+        # attention_dtype decides, not autocast (which would cast the fused op's inputs to its own dtype)
+        with torch.autocast(q.device.type, enabled=False):
+            return fused_sparse_self_attention(q.to(dtype), k.to(dtype), v.to(dtype), xyz, sort_idx, offsets,
+                                               window, self.shift_win, self.scale, quant, qgl, tables, radial_a)
 
     def _step(self, q, k, v, xyz, params, window, quant, qgl, tables, split_func=None):
         index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx = params
+        dtype = self.attention_dtype
         return sparse_self_attention(
-            (q * self.scale).contiguous().float(), k.contiguous().float(), v.contiguous().float(), xyz.float(),
-            index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx, window, self.shift_win,
-            pe_type=self.pe_type, rel_query=self.rel_query, rel_key=self.rel_key, rel_value=self.rel_value,
-            quant_size=quant, quant_grid_length=qgl, relative_pos_query_table=tables[0].float(),
-            relative_pos_key_table=tables[1].float(), relative_pos_value_table=tables[2].float(),
-            split_func=split_func)
+            (q * self.scale).contiguous().to(dtype), k.contiguous().to(dtype), v.contiguous().to(dtype),
+            xyz.float(), index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx, window,
+            self.shift_win, pe_type=self.pe_type, rel_query=self.rel_query, rel_key=self.rel_key,
+            rel_value=self.rel_value, quant_size=quant, quant_grid_length=qgl,
+            relative_pos_query_table=tables[0].to(dtype), relative_pos_key_table=tables[1].to(dtype),
+            relative_pos_value_table=tables[2].to(dtype), split_func=split_func)
 
     def _step_indices(self, sptr_tensor, xyz, xyz_sphere, batch):
         """The published 14-tuple cache entry: cubic 6-tuple, window_size, shift_win, spherical 6-tuple."""
@@ -170,9 +187,11 @@ class SphereFormerConfig(LayerConfig):
     qk_scale: float | None = None
     a: float = 0.05 * 0.25
     attention: str = "fused"
+    attention_dtype: str = "float32"  # SphereFormer's rule; "float16"/"bfloat16": the fused low-precision path
 
     def __post_init__(self):
         check_attention_path(self.attention)
+        attention_compute_dtype(self.attention_dtype)
         check_positive(type(self).__name__, dim=self.dim, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio)
         if self.dim % self.num_heads:
             raise ValueError(f"dim {self.dim} must be divisible by num_heads {self.num_heads}")
@@ -197,7 +216,7 @@ class SphereFormer(nn.Module):
             np.array(cfg.window_size_sphere, np.float32), pe_type="contextual", qk_scale=cfg.qk_scale,
             qkv_bias=cfg.qkv_bias, rel_query=True, rel_key=True, rel_value=True,
             quant_size=np.array(cfg.quant_size, np.float32), quant_size_sphere=np.array(cfg.quant_size_sphere, np.float32),
-            a=cfg.a, attention=cfg.attention)
+            a=cfg.a, attention=cfg.attention, attention_dtype=cfg.attention_dtype)
         self.drop_path = DropPath(cfg.drop_path)
         self.norm2 = nn.LayerNorm(cfg.dim)
         hidden = int(cfg.dim * cfg.mlp_ratio)

@@ -1,0 +1,79 @@
+"""The whole SphereFormer U-Net (SemanticKITTI config, 32.3M parameters) on the GPU: forward (eval) and
+forward+backward (train) per scan and peak memory, at one scan and a batch of 4 synthetic scans (about 120k
+voxels each after the crop), with the fused attention in fp32 and bf16 and with the published step ops.
+
+The network runs in fp32 without autocast (SphereFormer's validation setting); only the attention dtype
+changes between the fused rows. The step rows are the same network with ``attention="step"``.
+"""
+import argparse
+import dataclasses
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import peak_mb, table, time_ms, warm_up_gpu  # noqa: E402
+
+from sptr.data import collate_scans, lidar_scan, voxelize_scan  # noqa: E402
+from sptr.models.sphereformer import SphereFormerUNet, SphereFormerUNetConfig, sparse_input  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = {"fused fp32": dict(attention="fused", attention_dtype="float32"),
+            "fused bf16": dict(attention="fused", attention_dtype="bfloat16"),
+            "step fp32": dict(attention="step", attention_dtype="float32")}
+
+
+def make_batch(cfg, scans):
+    voxels = [voxelize_scan(points.cuda(), cfg.voxel_size, cfg.pc_range, mode="random", voxel_max=120_000,
+                            generator=torch.Generator("cuda").manual_seed(i)) for i, (points, _) in enumerate(scans)]
+    feats, coords, xyz, batch, _ = collate_scans(voxels)
+    return feats, coords, xyz, batch
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--points", type=int, default=160_000, help="points per synthetic scan")
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 4])
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    warm_up_gpu()
+    base = SphereFormerUNetConfig.from_yaml(os.path.join(ROOT, "configs", "sphereformer_semantickitti.yaml"))
+    pool = [lidar_scan(args.points, seed=s) for s in range(max(args.batches))]
+    torch.manual_seed(0)
+    weights = SphereFormerUNet(base).state_dict()
+    rows = []
+    for b in args.batches:
+        feats, coords, xyz, batch = make_batch(base, pool[:b])
+        voxels = feats.shape[0]
+        for name in args.variants:
+            model = SphereFormerUNet(dataclasses.replace(base, **VARIANTS[name])).cuda()
+            model.load_state_dict(weights)
+
+            def forward():
+                model.eval()
+                with torch.no_grad():
+                    return model(sparse_input(feats, coords, batch, b), xyz, batch)
+
+            def train_step():
+                model.train()
+                model(sparse_input(feats, coords, batch, b), xyz, batch).square().mean().backward()
+
+            try:
+                fwd = time_ms(forward, warmup=2, repeat=args.repeat)
+                fwd_mem = peak_mb(forward)
+                both = time_ms(train_step, warmup=2, repeat=args.repeat)
+                both_mem = peak_mb(train_step)
+                rows.append([b, voxels, name, f"{fwd / b:.1f}", f"{both / b:.1f}", f"{fwd_mem:.0f}", f"{both_mem:.0f}"])
+            except torch.OutOfMemoryError:
+                rows.append([b, voxels, name, "OOM", "OOM", "-", "-"])
+            print(rows[-1], flush=True)
+            del model
+            torch.cuda.empty_cache()
+    print("\nSphereFormer U-Net (SemanticKITTI config), fp32 network, H200; ms per scan, peak MiB above inputs")
+    print(table(rows, ["scans", "voxels", "attention", "fwd ms/scan", "fwd+bwd ms/scan", "fwd MiB", "f+b MiB"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Loading released SphereFormer checkpoints and saving them as safetensors + the config YAML.
+
+Released checkpoints are saved from the DDP-wrapped model (``module.`` keys, ``{'state_dict': ...}``) and store
+spconv weights in spconv 2.1's ``(k, k, k, out, in)`` layout; spconv >= 2.2 uses ``(out, k, k, k, in)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+from torch import nn
+
+SPCONV_LAYOUTS = ("auto", "2.1", "2.2")
+
+
+def match_module_prefix(state_dict: dict, model: nn.Module) -> dict:
+    """Add or strip DDP/DataParallel's ``module.`` prefix so the keys match ``model``'s."""
+    want_prefix = next(iter(model.state_dict()), "").startswith("module.")
+    has_prefix = next(iter(state_dict), "").startswith("module.")
+    if has_prefix == want_prefix:
+        return dict(state_dict)
+    if has_prefix:
+        return {k[len("module."):] if k.startswith("module.") else k: v for k, v in state_dict.items()}
+    return {f"module.{k}": v for k, v in state_dict.items()}
+
+
+def read_state_dict(path: str) -> dict:
+    """Tensors of a ``.safetensors`` file or a torch checkpoint (a state dict or ``{'state_dict': ...}``), read
+    with ``weights_only=True``."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path!r} does not exist")
+    if path.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"checkpoint {path!r} holds no state dict (a dict of tensors or {{'state_dict': ...}})")
+    return state
+
+
+def _sparse_conv_weights(model: nn.Module) -> set[str]:
+    from ...integrations.spconv_backend import import_spconv
+
+    try:
+        spconv = import_spconv()
+    except ImportError:  # without spconv no model has sparse convolutions
+        return set()
+    names = set()
+    for prefix, module in model.named_modules():
+        if isinstance(module, spconv.conv.SparseConvolution):
+            names.add(f"{prefix}.weight" if prefix else "weight")
+    return names
+
+
+def convert_spconv_layout(state_dict: dict, model: nn.Module, layout: str = "auto") -> dict:
+    """Sparse-conv weights in the installed spconv's ``(out, k, k, k, in)`` layout. ``layout="2.1"``: every such
+    weight is ``(k, k, k, out, in)``; ``"2.2"``: none is; ``"auto"``: those whose shape only fits after
+    ``permute(3, 0, 1, 2, 4)`` are converted."""
+    if layout not in SPCONV_LAYOUTS:
+        raise ValueError(f"spconv_layout must be one of {SPCONV_LAYOUTS}, got {layout!r}")
+    if layout == "2.2":
+        return dict(state_dict)
+    target = model.state_dict()
+    out = dict(state_dict)
+    for name in _sparse_conv_weights(model):
+        if name not in out or out[name].dim() != 5:
+            continue
+        weight, want = out[name], target[name].shape
+        converted = weight.permute(3, 0, 1, 2, 4)
+        if layout == "2.1" or (weight.shape != want and converted.shape == want):
+            out[name] = converted.contiguous()
+    return out
+
+
+def load_pretrained(model: nn.Module, path_or_state, strict: bool = True, spconv_layout: str = "auto"):
+    """Load a checkpoint into ``model``: a path (``.pth``/``.pt``/``.tar`` torch file or ``.safetensors``) or a
+    state dict, keys with or without ``module.``, spconv 2.1 weights converted. Strict by default; any shape
+    mismatch raises a ValueError naming the key and both shapes. Returns ``load_state_dict``'s result."""
+    state = read_state_dict(path_or_state) if isinstance(path_or_state, (str, os.PathLike)) else path_or_state
+    state = match_module_prefix(state, model)
+    state = convert_spconv_layout(state, model, spconv_layout)
+    target = model.state_dict()
+    mismatched = [f"{k}: checkpoint {tuple(v.shape)}, model {tuple(target[k].shape)}"
+                  for k, v in state.items() if k in target and v.shape != target[k].shape]
+    if mismatched:
+        raise ValueError("checkpoint shapes do not match the model:\n  " + "\n  ".join(mismatched))
+    if strict:
+        missing = sorted(set(target) - set(state))
+        unexpected = sorted(set(state) - set(target))
+        if missing or unexpected:
+            raise ValueError(f"checkpoint keys do not match the model: missing {missing[:10]}"
+                             f"{' ...' if len(missing) > 10 else ''} ({len(missing)}), unexpected "
+                             f"{unexpected[:10]}{' ...' if len(unexpected) > 10 else ''} ({len(unexpected)})")
+    return model.load_state_dict(state, strict=strict)
+
+
+def save_pretrained(model: nn.Module, directory: str) -> tuple[str, str]:
+    """Write ``model.safetensors`` (keys without ``module.``) and, for a model with a dataclass ``cfg``,
+    ``config.yaml`` into ``directory``. Returns both paths (the second None without a config)."""
+    import yaml
+    from safetensors.torch import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    unwrapped = getattr(model, "module", model)
+    weights = os.path.join(directory, "model.safetensors")
+    save_file({k: v.detach().contiguous().cpu() for k, v in unwrapped.state_dict().items()}, weights)
+    cfg = getattr(unwrapped, "cfg", None)
+    if cfg is None or not dataclasses.is_dataclass(cfg):
+        return weights, None
+    config = os.path.join(directory, "config.yaml")
+    with open(config, "w") as fh:
+        yaml.safe_dump(_plain(dataclasses.asdict(cfg)), fh, sort_keys=False)
+    return weights, config
+
+
+def _plain(value):
+    """YAML-friendly: tuples as lists, recursively."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
