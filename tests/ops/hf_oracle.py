@@ -1,6 +1,7 @@
 """transformers 4.49's Qwen2.5-VL functions, called unbound with a minimal `self` (the oracle of spec §5-§7).
 
-Raises ImportError unless transformers 4.49.x is importable (tests skip on that; benchmarks report it).
+Raises ImportError unless transformers 4.49.x is importable: the tests that use it skip with that message
+(importorskip with exc_type=ImportError), benchmarks report it.
 """
 from types import SimpleNamespace
 
