@@ -26,7 +26,7 @@ _patched = False
 
 
 def import_spconv():
-    """``spconv.pytorch`` with the CPU fixes above applied; ImportError with the install command if missing."""
+    """``spconv.pytorch`` with the fixes above applied; ImportError with the install command if missing."""
     global _patched
     try:
         import spconv.pytorch as spconv
