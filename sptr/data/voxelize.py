@@ -62,8 +62,8 @@ def voxelize_scan(points: torch.Tensor, voxel_size=(0.05, 0.05, 0.05), pc_range=
                          torch.zeros(0, dtype=torch.long, device=points.device) if mode == "mean" else None)
     xyz_norm = xyz - xyz.min(0).values
     cells = torch.floor(xyz_norm / voxel).long()
-    _, inverse = torch.unique(cells, dim=0, return_inverse=True)
-    num = int(inverse.max()) + 1
+    occupied, inverse = torch.unique(cells, dim=0, return_inverse=True)
+    num = occupied.shape[0]
     if mode == "mean":
         coords = torch.floor(scatter_mean(xyz_norm, inverse, num) / voxel).long()
         return VoxelScan(coords, scatter_mean(xyz, inverse, num), scatter_mean(feats, inverse, num), None, inverse)

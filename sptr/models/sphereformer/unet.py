@@ -177,10 +177,11 @@ def sparse_input(feats: torch.Tensor, coords: torch.Tensor, batch: torch.Tensor,
         raise ValueError(f"feats {tuple(feats.shape)}, coords {tuple(coords.shape)} and batch "
                          f"{tuple(batch.shape)} must have one row per voxel")
     indices = torch.cat([batch[:, None], coords], 1).int()
-    if coords.shape[0] and int(coords.min()) < 0:
+    low, high = (torch.stack(coords.aminmax(dim=0)).cpu().numpy() if coords.shape[0]
+                 else np.zeros((2, 3), np.int64))  # one device-to-host copy for both
+    if low.min() < 0:
         raise ValueError("coords must be non-negative voxel coordinates")
-    top = coords.max(0).values.cpu().numpy() + 1 if coords.shape[0] else np.zeros(3, np.int64)
-    spatial_shape = np.clip(top, 128, None).tolist()
+    spatial_shape = np.clip(high + 1, 128, None).tolist()
     if batch_size is None:
         batch_size = int(batch.max()) + 1 if batch.numel() else 1
     return spconv.SparseConvTensor(feats, indices, spatial_shape, batch_size)
