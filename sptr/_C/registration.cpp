@@ -16,6 +16,8 @@ TORCH_LIBRARY(sptr, m) {
   // Window attention (SparseTransformer pair layout). Pair ops take int32/int64 indices and
   // int8/16/32/64 rel_idx; absent tables give empty gradient tensors.
   m.def("window_precompute_all(Tensor counts, int num_points) -> (Tensor, Tensor, Tensor, Tensor)");
+  // int64 window cell key per point -> (stable window-major order, int32 window offsets (W+1)).
+  m.def("window_sort(Tensor cells) -> (Tensor, Tensor)");
   m.def(
       "window_pair_logits_fwd(Tensor q, Tensor k, Tensor index_0, Tensor index_1, Tensor? table_q, "
       "Tensor? table_k, Tensor? rel_idx, bool with_qk) -> Tensor");

@@ -28,14 +28,12 @@ GATINGS = ("softmax", "sigmoid")
 ROW_ALIGN = 8
 
 
-def _check_ffn_fields(cls_name: str, hidden, intermediate, activation, bias, gemm) -> None:
+def _check_ffn_fields(cls_name: str, hidden, intermediate, activation, gemm) -> None:
     for name, v in (("hidden", hidden), *((f"intermediate[{i}]", w) for i, w in enumerate(intermediate))):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ValueError(f"{cls_name}.{name} must be a positive int, got {v!r}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"{cls_name}.activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if not isinstance(bias, bool):
-        raise TypeError(f"{cls_name}.bias must be a bool, got {bias!r}")
     if gemm not in GEMM_BACKENDS:
         raise ValueError(f"{cls_name}.gemm must be one of {GEMM_BACKENDS}, got {gemm!r}")
 
@@ -51,10 +49,11 @@ class DualExpertFFNConfig(LayerConfig):
     gemm: str = "auto"
 
     def __post_init__(self):
+        super().__post_init__()
         if not isinstance(self.intermediate, (tuple, list)) or len(self.intermediate) != 2:
             raise ValueError(f"{type(self).__name__}.intermediate must be two widths (i0, i1), got "
                              f"{self.intermediate!r}")
-        _check_ffn_fields(type(self).__name__, self.hidden, self.intermediate, self.activation, self.bias, self.gemm)
+        _check_ffn_fields(type(self).__name__, self.hidden, self.intermediate, self.activation, self.gemm)
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -164,20 +163,15 @@ class RoutedExpertFFNConfig(LayerConfig):
     gemm: str = "auto"
 
     def __post_init__(self):
+        super().__post_init__()
         name = type(self).__name__
-        _check_ffn_fields(name, self.hidden, (self.intermediate,), self.activation, self.bias, self.gemm)
+        _check_ffn_fields(name, self.hidden, (self.intermediate,), self.activation, self.gemm)
         check_positive(name, num_experts=self.num_experts, top_k=self.top_k)
-        for field in ("num_experts", "top_k"):
-            if isinstance(getattr(self, field), bool) or not isinstance(getattr(self, field), int):
-                raise ValueError(f"{name}.{field} must be an int, got {getattr(self, field)!r}")
         if self.top_k > self.num_experts:
             raise ValueError(f"{name}.top_k ({self.top_k}) must be <= num_experts ({self.num_experts})")
         if self.gating not in GATINGS:
             raise ValueError(f"{name}.gating must be one of {GATINGS}, got {self.gating!r}")
-        if not isinstance(self.normalize_topk, bool):
-            raise TypeError(f"{name}.normalize_topk must be a bool, got {self.normalize_topk!r}")
-        if isinstance(self.capacity_factor, bool) or not isinstance(self.capacity_factor, (int, float)) or not (
-                self.capacity_factor >= 0 and math.isfinite(self.capacity_factor)):
+        if not self.capacity_factor >= 0:
             raise ValueError(f"{name}.capacity_factor must be a finite number >= 0, got {self.capacity_factor!r}")
 
 

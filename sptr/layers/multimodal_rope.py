@@ -20,6 +20,7 @@ class MultimodalRotaryEmbeddingConfig(LayerConfig):
     section_layout: str = "hf"
 
     def __post_init__(self):
+        super().__post_init__()
         check_positive(type(self).__name__, head_dim=self.head_dim, theta=self.theta)
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even, got {self.head_dim}")

@@ -69,10 +69,10 @@ class PositionEmbeddingCoordsSine(nn.Module):
         if d_out > max_local_pos_dim or d_in != xyz.shape[-1]:
             raise ValueError(f"num_channels {num_channels} / coordinate dim {xyz.shape[-1]} do not fit gauss_B "
                              f"{tuple(self.gauss_B.shape)}")
-        xyz = xyz.clone()
+        xyz = xyz.to(self.gauss_B.dtype)  # computed in the buffer's dtype (a .double() module: float64)
         if self.normalize:
-            xyz = shift_scale_points(xyz, src_range=input_range)
-        xyz *= 2 * math.pi
+            xyz = shift_scale_points(xyz, src_range=[r.to(xyz.dtype) for r in input_range])
+        xyz = xyz * (2 * math.pi)
         xyz_proj = torch.mm(xyz.view(-1, d_in), self.gauss_B[:, :d_out]).view(bsize, npoints, d_out)
         return torch.cat([xyz_proj.sin(), xyz_proj.cos()], dim=2).permute(0, 2, 1)
 

@@ -1,6 +1,8 @@
 """SparseTrTensor: the feature/coordinate container SparseTransformer modules pass along."""
 import numpy as np
 
+from ..ops._checks import FLOATING, check_shape, check_tensor
+
 
 class SparseTrTensor:
     """``query_feats (N, C)``, ``query_indices (N, 4)`` (batch, then 3 coordinates), an index cache
@@ -25,3 +27,24 @@ class SparseTrTensor:
         if key is None:
             return None
         return self.indice_dict.get(key)
+
+
+def check_features(sptr_tensor: "SparseTrTensor", channels: int, self_attention: bool = False):
+    """``query_feats (N, channels)`` floating, ``query_indices (N, 4)``, key/value features of the same shape
+    (or None; both must be None for self-attention). Returns N."""
+    if not isinstance(sptr_tensor, SparseTrTensor):
+        raise TypeError(f"the input must be a SparseTrTensor, got {type(sptr_tensor).__name__}")
+    feats = check_tensor("query_feats", sptr_tensor.query_feats, dim=2, dtypes=FLOATING)
+    check_shape("query_feats", feats, (None, channels))
+    n = feats.shape[0]
+    check_tensor("query_indices", sptr_tensor.query_indices, dim=2, device=feats.device)
+    check_shape("query_indices", sptr_tensor.query_indices, (n, 4))
+    for name in ("key_feats", "value_feats"):
+        t = getattr(sptr_tensor, name)
+        if t is None:
+            continue
+        if self_attention:
+            raise ValueError(f"{name} must be None: this module is self-attention")
+        check_tensor(name, t, dim=2, dtypes=FLOATING, device=feats.device)
+        check_shape(name, t, (n, channels))
+    return n

@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from ..ops.sparse_attention import fused_sparse_self_attention, sparse_self_attention
-from ..ops.windowing import get_indices_params, to_3d_numpy
-from .config import LayerConfig, check_positive
-from .sparse_tensor import SparseTrTensor
+from ..ops._checks import FLOATING, check_shape, check_tensor
+from ..ops.windowing import check_points, get_indices_params, to_3d_numpy
+from .config import LayerConfig, check_fraction, check_positive, check_sizes
+from .sparse_tensor import SparseTrTensor, check_features
 from .var_length_attention import cached_windows, check_attention_path, quant_grid_length
 
 
@@ -141,8 +142,7 @@ class SparseMultiheadSASphereConcat(nn.Module):
         return tuple(cached[:6]), tuple(cached[8:])
 
     def forward(self, sptr_tensor: SparseTrTensor) -> SparseTrTensor:
-        if sptr_tensor.key_feats is not None or sptr_tensor.value_feats is not None:
-            raise ValueError("SparseMultiheadSASphereConcat is self-attention: key_feats/value_feats must be None")
+        check_features(sptr_tensor, self.embed_dim, self_attention=True)
         feats, indices = sptr_tensor.query_feats, sptr_tensor.query_indices
         xyz, batch = indices[:, 1:], indices[:, 0]
         n, c = feats.shape
@@ -190,15 +190,26 @@ class SphereFormerConfig(LayerConfig):
     attention_dtype: str = "float32"  # SphereFormer's rule; "float16"/"bfloat16": the fused low-precision path
 
     def __post_init__(self):
+        super().__post_init__()
         check_attention_path(self.attention)
         attention_compute_dtype(self.attention_dtype)
-        check_positive(type(self).__name__, dim=self.dim, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio)
+        name = type(self).__name__
+        check_positive(name, dim=self.dim, num_heads=self.num_heads, mlp_ratio=self.mlp_ratio, a=self.a)
+        check_sizes(name, window_size=self.window_size, window_size_sphere=self.window_size_sphere,
+                    quant_size=self.quant_size, quant_size_sphere=self.quant_size_sphere)
+        if self.qk_scale is not None:
+            check_positive(name, qk_scale=self.qk_scale)
         if self.dim % self.num_heads:
-            raise ValueError(f"dim {self.dim} must be divisible by num_heads {self.num_heads}")
+            raise ValueError(f"{name}.dim {self.dim} must be divisible by num_heads {self.num_heads}")
         if self.num_heads < 2:
-            raise ValueError("SphereFormer splits heads between cubic and spherical windows: num_heads >= 2")
-        if not 0.0 <= self.drop_path < 1.0:
-            raise ValueError(f"drop_path must be in [0, 1), got {self.drop_path}")
+            raise ValueError(f"{name}.num_heads must be >= 2: SphereFormer splits heads between cubic and "
+                             "spherical windows")
+        if int(self.dim * self.mlp_ratio) < 1:
+            raise ValueError(f"{name}.mlp_ratio {self.mlp_ratio} gives an MLP of width 0 at dim {self.dim}")
+        check_fraction(name, drop_path=self.drop_path)
+        for side, window, quant in (("", self.window_size, self.quant_size),
+                                    ("_sphere", self.window_size_sphere, self.quant_size_sphere)):
+            quant_grid_length(np.array(window), np.array(quant), f"{name}.window_size{side} / quant_size{side}")
 
 
 class SphereFormer(nn.Module):
@@ -228,6 +239,12 @@ class SphereFormer(nn.Module):
         self.mlp.add_module("drop2", nn.Dropout(0.0))
 
     def forward(self, feats, xyz, batch):
+        check_tensor("feats", feats, dim=2, dtypes=FLOATING)
+        check_shape("feats", feats, (None, self.cfg.dim))
+        check_points(xyz, batch)
+        if xyz.shape[0] != feats.shape[0] or xyz.device != feats.device:
+            raise ValueError(f"xyz must hold the {feats.shape[0]} points of feats on {feats.device}, got "
+                             f"{xyz.shape[0]} on {xyz.device}")
         indices = torch.cat([batch[:, None].to(xyz.dtype), xyz], -1)
         attn = self.attn(SparseTrTensor(self.norm1(feats), indices, None, None)).query_feats
         x = feats + self.drop_path(attn)

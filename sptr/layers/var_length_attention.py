@@ -9,9 +9,9 @@ from torch import nn
 
 from ..ops.sparse_attention import fused_sparse_self_attention, sparse_self_attention
 from ..ops.windowing import get_indices_params, to_3d_numpy, window_partition
-from .config import LayerConfig, check_positive
+from .config import LayerConfig, check_fraction, check_positive, check_sizes
 from .position_embedding import PositionEmbeddingCoordsSine
-from .sparse_tensor import SparseTrTensor
+from .sparse_tensor import SparseTrTensor, check_features
 
 PE_TYPES = ("none", "contextual", "sine", "fourier")
 ATTENTION_PATHS = ("fused", "step")
@@ -44,12 +44,14 @@ def cached_windows(sptr_tensor, key, xyz, batch, window_size, shift_win):
                           lambda: window_partition(xyz, batch, window_size, shift_win))
 
 
-def quant_grid_length(window_size: np.ndarray, quant_size: np.ndarray) -> int:
+def quant_grid_length(window_size: np.ndarray, quant_size: np.ndarray, what: str = "window_size / quant_size") -> int:
     """Cells per window side; the published code requires the first two dimensions to agree."""
     qgl = int((window_size[0] + 1e-4) / quant_size[0])
     if qgl != int((window_size[1] + 1e-4) / quant_size[1]):
-        raise ValueError(f"window_size / quant_size must give the same grid length in x and y, got "
-                         f"{window_size} / {quant_size}")
+        raise ValueError(f"{what} must give the same grid length in x and y, got {window_size} / {quant_size}")
+    if qgl < 1:
+        raise ValueError(f"{what} must give at least one quantisation cell per window, got {window_size} / "
+                         f"{quant_size}")
     return qgl
 
 
@@ -68,14 +70,25 @@ class VarLengthMultiheadSAConfig(LayerConfig):
     attention: str = "fused"
 
     def __post_init__(self):
+        super().__post_init__()
+        name = type(self).__name__
         check_attention_path(self.attention)
-        check_positive(type(self).__name__, embed_dim=self.embed_dim, num_heads=self.num_heads)
+        check_positive(name, embed_dim=self.embed_dim, num_heads=self.num_heads)
+        check_sizes(name, window_size=self.window_size)
+        check_fraction(name, dropout=self.dropout)
+        if self.qk_scale is not None:
+            check_positive(name, qk_scale=self.qk_scale)
         if self.embed_dim % self.num_heads:
-            raise ValueError(f"embed_dim {self.embed_dim} must be divisible by num_heads {self.num_heads}")
+            raise ValueError(f"{name}.embed_dim {self.embed_dim} must be divisible by num_heads {self.num_heads}")
         if self.pe_type not in PE_TYPES:
-            raise ValueError(f"pe_type must be one of {PE_TYPES}, got {self.pe_type!r}")
-        if self.pe_type == "contextual" and self.quant_size is None:
-            raise ValueError("pe_type='contextual' needs quant_size")
+            raise ValueError(f"{name}.pe_type must be one of {PE_TYPES}, got {self.pe_type!r}")
+        if self.pe_type == "contextual":
+            if self.quant_size is None:
+                raise ValueError(f"{name}: pe_type='contextual' needs quant_size")
+            check_sizes(name, quant_size=self.quant_size)
+            quant_grid_length(np.array(self.window_size), np.array(self.quant_size), f"{name}.window_size / quant_size")
+        if self.pe_type in ("sine", "fourier") and self.embed_dim % 2:
+            raise ValueError(f"{name}: pe_type={self.pe_type!r} needs an even embed_dim, got {self.embed_dim}")
 
 
 class VarLengthMultiheadSA(nn.Module):
@@ -91,9 +104,12 @@ class VarLengthMultiheadSA(nn.Module):
     def __init__(self, embed_dim, num_heads, indice_key, window_size, shift_win=False, pe_type="none", dropout=0.0,
                  qk_scale=None, qkv_bias=True, algo="native", attention="fused", **kwargs):
         super().__init__()
-        self.attention = check_attention_path(attention)
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+        # The published signature, validated as the config would be (every argument named in the error)
+        quant = kwargs.get("quant_size")
+        VarLengthMultiheadSAConfig(embed_dim, num_heads, indice_key, tuple(to_3d_numpy(window_size).tolist()),
+                                   shift_win, pe_type, dropout, qk_scale, qkv_bias,
+                                   None if quant is None else tuple(to_3d_numpy(quant).tolist()), attention)
+        self.attention = attention
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
         self.indice_key = indice_key
@@ -147,12 +163,11 @@ class VarLengthMultiheadSA(nn.Module):
         return feats + torch.cat(parts, 0)
 
     def forward(self, sptr_tensor: SparseTrTensor) -> SparseTrTensor:
+        check_features(sptr_tensor, self.embed_dim)
         query = sptr_tensor.query_feats
         key = sptr_tensor.key_feats if sptr_tensor.key_feats is not None else query.clone()
         value = sptr_tensor.value_feats if sptr_tensor.value_feats is not None else query.clone()
         indices = sptr_tensor.query_indices
-        if indices.dim() != 2 or indices.shape[1] != 4:
-            raise ValueError(f"query_indices must be (N, 4) (batch, x, y, z), got {tuple(indices.shape)}")
         xyz, batch = indices[:, 1:], indices[:, 0]
         xyz = xyz if xyz.is_floating_point() else xyz.float()
         if self.pe_type in ("sine", "fourier"):

@@ -22,6 +22,7 @@ class VisionIndicesConfig(LayerConfig):
     theta: float = 10000.0
 
     def __post_init__(self):
+        super().__post_init__()
         check_positive(type(self).__name__, spatial_merge_size=self.spatial_merge_size, window_size=self.window_size,
                        patch_size=self.patch_size, head_dim=self.head_dim)
         if self.window_size // self.spatial_merge_size // self.patch_size < 1:

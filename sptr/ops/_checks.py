@@ -2,36 +2,38 @@
 from __future__ import annotations
 
 import contextlib
-import weakref
+import threading
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INDEX = (torch.int32, torch.int64)
 INTEGER = (torch.int8, torch.int16, torch.int32, torch.int64)
 
 
-_DATA_CHECKS = True
+# Thread-local, like torch.no_grad: a data_checks(False) block in one thread leaves the others checked.
+_STATE = threading.local()
 
 
 def data_checks_enabled() -> bool:
     """Data-dependent checks (index ranges, offsets) need a host sync; they are skipped while tracing and
-    inside :func:`data_checks` ``(False)``."""
-    return _DATA_CHECKS and not torch.compiler.is_compiling()
+    inside :func:`data_checks` ``(False)`` (in the calling thread only)."""
+    return getattr(_STATE, "enabled", True) and not torch.compiler.is_compiling()
 
 
 @contextlib.contextmanager
 def data_checks(enabled: bool):
-    """Turn the value checks of index arrays on or off (e.g. off in a training loop whose indices come from
-    ``get_indices_params``). Without them bad indices still never read out of bounds: the kernels skip
-    out-of-range pairs, so the result for such input is unspecified but memory-safe."""
-    global _DATA_CHECKS
-    previous, _DATA_CHECKS = _DATA_CHECKS, bool(enabled)
+    """Turn the value checks of index arrays on or off in this thread (e.g. off in a training loop whose
+    indices come from ``get_indices_params``). Without them bad indices still never read out of bounds: the
+    kernels skip out-of-range pairs, so the result for such input is unspecified but memory-safe."""
+    previous = getattr(_STATE, "enabled", True)
+    _STATE.enabled = bool(enabled)
     try:
         yield
     finally:
-        _DATA_CHECKS = previous
+        _STATE.enabled = previous
 
 
 def check_tensor(name: str, t, *, dim: int | None = None, dtypes=None, device: torch.device | None = None) -> Tensor:
@@ -54,58 +56,84 @@ def check_shape(name: str, t: Tensor, shape: tuple) -> None:
         raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
 
 
-# Tensors whose values passed a check, by identity and version counter, so that a layer stack handing one
-# offsets or index tensor to every block pays the host sync once. An in-place write bumps the version (views
-# share it with their base, which is what is remembered for a view, with the view's geometry).
-_PASSED: dict = {}
+def _has_values(t: Tensor) -> bool:
+    """Meta and fake tensors have shapes but no values to check."""
+    return not (t.is_meta or is_fake(t))
 
 
-def _cache_key(t: Tensor, check: tuple):
-    owner = t if t._base is None else t._base
-    return owner, (id(owner), check, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+class ValueChecks:
+    """The value checks of one call, run together with one host sync. Nothing is remembered between calls: a
+    cache keyed on a tensor's version counter is fooled by writes through ``.data`` or ``.numpy()``."""
 
+    def __init__(self):
+        self._checks = []  # (name, tensor, kind, bounds)
 
-def _passed_before(t: Tensor, check: tuple) -> bool:
-    owner, key = _cache_key(t, check)
-    entry = _PASSED.get(key)
-    return entry is not None and entry[0]() is owner and entry[1] == t._version
+    def range(self, name: str, t: Tensor, low: int, high: int) -> "ValueChecks":
+        """Every value in [low, high)."""
+        if t.numel() and data_checks_enabled() and _has_values(t):
+            self._checks.append((name, t, "range", (low, high)))
+        return self
 
+    def offsets(self, name: str, offsets: Tensor, total: int) -> "ValueChecks":
+        """CSR offsets: first 0, last `total`, non-decreasing."""
+        if offsets.numel() == 0:
+            raise ValueError(f"{name} must have at least one entry (N + 1 offsets)")
+        if data_checks_enabled() and _has_values(offsets):
+            self._checks.append((name, offsets, "offsets", (total,)))
+        return self
 
-def _remember(t: Tensor, check: tuple) -> None:
-    if len(_PASSED) >= 256:
-        for key in [key for key, (ref, _) in _PASSED.items() if ref() is None]:
-            del _PASSED[key]
-        if len(_PASSED) >= 256:
-            _PASSED.clear()
-    owner, key = _cache_key(t, check)
-    _PASSED[key] = (weakref.ref(owner), t._version)
+    def finite(self, name: str, t: Tensor) -> "ValueChecks":
+        """No NaN or infinity."""
+        if t.numel() and data_checks_enabled() and _has_values(t):
+            self._checks.append((name, t, "finite", ()))
+        return self
+
+    @staticmethod
+    def _statistics(t: Tensor, kind: str) -> Tensor:
+        if kind == "finite":
+            return torch.isfinite(t).all().long().reshape(1)
+        t = t.reshape(-1).long()
+        if kind == "range":
+            return torch.stack(torch.aminmax(t))
+        return torch.stack((t[0], t[-1], (t[1:] < t[:-1]).any().long()))
+
+    def run(self) -> None:
+        if not self._checks:
+            return
+        by_device: dict = {}
+        for i, (_, t, kind, _) in enumerate(self._checks):
+            by_device.setdefault(t.device, []).append((i, self._statistics(t, kind)))
+        values = {}
+        for items in by_device.values():
+            flat = torch.cat([stats for _, stats in items]).tolist()  # the one host sync per device
+            start = 0
+            for i, stats in items:
+                values[i] = flat[start:start + stats.numel()]
+                start += stats.numel()
+        for i, (name, _, kind, bounds) in enumerate(self._checks):
+            v = values[i]
+            if kind == "finite":
+                if not v[0]:
+                    raise ValueError(f"{name} must be finite, got NaN or infinite values")
+            elif kind == "range":
+                low, high = bounds
+                if v[0] < low or v[1] >= high:
+                    raise ValueError(f"{name} must have values in [{low}, {high}), got values in [{v[0]}, {v[1]}]")
+            elif v[0] != 0 or v[1] != bounds[0]:
+                raise ValueError(f"{name} must start at 0 and end at {bounds[0]}, got {v[0]} ... {v[1]}")
+            elif v[2]:
+                raise ValueError(f"{name} must be non-decreasing")
+        self._checks.clear()
 
 
 def check_range(name: str, t: Tensor, low: int, high: int) -> None:
-    """Every value in [low, high). One host sync the first time a tensor is seen; skipped under torch.compile."""
-    check = ("range", low, high)
-    if t.numel() == 0 or not data_checks_enabled() or _passed_before(t, check):
-        return
-    lo, hi = torch.stack(torch.aminmax(t)).tolist()
-    if lo < low or hi >= high:
-        raise ValueError(f"{name} must have values in [{low}, {high}), got values in [{lo}, {hi}]")
-    _remember(t, check)
+    """Every value in [low, high): one host sync; skipped under torch.compile and data_checks(False)."""
+    ValueChecks().range(name, t, low, high).run()
 
 
 def check_offsets(name: str, offsets: Tensor, total: int) -> None:
-    """CSR offsets: first 0, last `total`, non-decreasing. One host sync the first time a tensor is seen."""
-    if offsets.numel() == 0:
-        raise ValueError(f"{name} must have at least one entry (N + 1 offsets)")
-    check = ("offsets", total)
-    if not data_checks_enabled() or _passed_before(offsets, check):
-        return
-    decreasing = (offsets[1:] < offsets[:-1]).any().to(offsets.dtype)
-    first, last, decreasing = torch.stack((offsets[0], offsets[-1], decreasing)).tolist()
-    if first != 0 or last != total:
-        raise ValueError(f"{name} must start at 0 and end at {total}, got {first} ... {last}")
-    if decreasing:
-        raise ValueError(f"{name} must be non-decreasing")
-    _remember(offsets, check)
+    """CSR offsets: first 0, last `total`, non-decreasing: one host sync (see :func:`check_range`)."""
+    ValueChecks().offsets(name, offsets, total).run()
 
 
 def autocast_dtype(device: torch.device):
@@ -137,3 +165,13 @@ def common_float_dtype(**tensors: Tensor) -> torch.dtype:
         f"{odd} has dtype {named[odd].dtype} but {first} has {named[first].dtype}; "
         "floating inputs of one op must share a dtype (cast them, or run under autocast to promote)"
     )
+
+
+def refuse_double_backward(op: str, *tensors) -> None:
+    """Called in a backward built on a backward kernel that is not itself differentiable. Under
+    ``create_graph=True`` PyTorch would only warn and give second-order gradients of exactly zero; fail instead."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise RuntimeError(
+            f"{op} has no second-order gradient: its backward is a fused kernel that is not differentiable. "
+            "Call torch.autograd.grad / backward without create_graph=True through it (double backward, "
+            "Hessian-vector products and gradient penalties are not supported by this op)")

@@ -7,13 +7,16 @@ backward recomputes the attention, so nothing of size ``M = Σ n_w²`` is ever a
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 
 import torch
 from torch import Tensor
 
 import sptr._C  # noqa: F401  (registers torch.ops.sptr)
 
-from ._checks import FLOATING, INDEX, autocast_dtype, check_offsets, check_range, check_shape, check_tensor
+from ._checks import (FLOATING, INDEX, ValueChecks, autocast_dtype, check_shape, check_tensor,
+                      refuse_double_backward)
 
 _ops = torch.ops.sptr
 
@@ -69,6 +72,7 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse, offsets, coords, radius, tq, tk, tv = ctx.saved_tensors
     rel_shift, radial_a, scale, deterministic = ctx.params
+    refuse_double_backward("window_attention", grad_out, q, k, v, tq, tk, tv)
     dq, dk, dv, dtq, dtk, dtv = _ops.window_attention_bwd(grad_out.contiguous(), q, k, v, out, lse, offsets, coords,
                                                           radius, tq, tk, tv, rel_shift, radial_a, scale,
                                                           deterministic)
@@ -80,7 +84,7 @@ torch.library.register_autograd("sptr::window_attention_fwd", _backward, setup_c
 
 
 # ----------------------------------------------------------------------------------------------- entry point
-def _check_rel_pos(rel_pos: RelativePosition, n: int, h: int, d: int, device) -> None:
+def _check_rel_pos(rel_pos: RelativePosition, n: int, h: int, d: int, device, checks: ValueChecks) -> None:
     if not isinstance(rel_pos, RelativePosition):
         raise TypeError(f"rel_pos must be a RelativePosition or None, got {type(rel_pos).__name__}")
     check_tensor("rel_pos.coords", rel_pos.coords, dim=2, dtypes=INDEX, device=device)
@@ -91,23 +95,29 @@ def _check_rel_pos(rel_pos: RelativePosition, n: int, h: int, d: int, device) ->
         raise ValueError("rel_pos needs at least one of query_table, key_table, value_table")
     for name, t in tables:
         check_tensor(f"rel_pos.{name}", t, dim=4, dtypes=FLOATING, device=device)
+        check_shape(f"rel_pos.{name}", t, (None, 3, h, d))
     length = tables[0][1].shape[0]
-    for name, t in tables:
-        check_shape(f"rel_pos.{name}", t, (length, 3, h, d))
+    if any(t.shape[0] != length for _, t in tables):
+        lengths = ", ".join(f"{name} {t.shape[0]}" for name, t in tables)
+        raise ValueError(f"rel_pos tables must have the same length L, got {lengths}")
     if length < 1:
         raise ValueError("rel_pos tables must have L >= 1 rows")
     if rel_pos.radius is not None:
-        check_tensor("rel_pos.radius", rel_pos.radius, dim=1, device=device)
+        check_tensor("rel_pos.radius", rel_pos.radius, dim=1, dtypes=FLOATING, device=device)
         check_shape("rel_pos.radius", rel_pos.radius, (n,))
-        if not rel_pos.radial_a > 0:
-            raise ValueError(f"rel_pos.radial_a must be > 0 with a radius, got {rel_pos.radial_a}")
-    shift = int(rel_pos.rel_shift)
+        radial_a = rel_pos.radial_a
+        if not isinstance(radial_a, numbers.Real) or isinstance(radial_a, bool) or not 0 < radial_a < math.inf:
+            raise ValueError(f"rel_pos.radial_a must be a finite number > 0 with a radius, got {radial_a!r}")
+    shift = rel_pos.rel_shift
+    if not isinstance(shift, numbers.Integral) or isinstance(shift, bool):
+        raise TypeError(f"rel_pos.rel_shift must be an int, got {shift!r}")
+    shift = int(shift)
     if 2 * shift > length - 1 or shift < 0:
         raise ValueError(f"rel_pos.rel_shift must be in [0, (L-1)/2] so that coords_i - coords_j + rel_shift "
                          f"stays in [0, L-1] (L = {length}), got {shift}")
     # coords_i - coords_j + rel_shift in [0, L-1] for every pair; with a radius, column 2 is not a coordinate
     linear = rel_pos.coords if rel_pos.radius is None else rel_pos.coords[:, :2]
-    check_range("rel_pos.coords", linear, 0, shift + 1)
+    checks.range("rel_pos.coords", linear, 0, shift + 1)
 
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, window_offsets: Tensor, *,
@@ -129,10 +139,16 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window_offsets: Tensor, *,
             raise ValueError(f"q, k and v must have the same shape (N, h, d), got {tuple(q.shape)}, "
                              f"{tuple(k.shape)}, {tuple(v.shape)}")
     n, h, d = q.shape
+    if h < 1 or d < 1:
+        raise ValueError(f"q, k and v need at least one head and head_dim >= 1, got shape {tuple(q.shape)}")
+    if scale is not None and (not isinstance(scale, numbers.Real) or isinstance(scale, bool)
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
     check_tensor("window_offsets", window_offsets, dim=1, dtypes=INDEX, device=q.device)
-    check_offsets("window_offsets", window_offsets, n)
+    checks = ValueChecks().offsets("window_offsets", window_offsets, n)
     if rel_pos is not None:
-        _check_rel_pos(rel_pos, n, h, d, q.device)
+        _check_rel_pos(rel_pos, n, h, d, q.device, checks)
+    checks.run()
     tables = rel_pos.tables() if rel_pos is not None else (None, None, None)
     dtype = autocast_dtype(q.device)
     floats = [t for t in (q, k, v, *tables) if t is not None]

@@ -13,7 +13,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, autocast_dtype, check_tensor
+from ._checks import FLOATING, autocast_dtype, check_tensor, refuse_double_backward
 
 _ops = torch.ops.sptr
 ROUTING_IDS = (torch.int32, torch.int64, torch.bool, torch.uint8)
@@ -123,6 +123,7 @@ def _unpermute_setup(ctx, inputs, output):
 
 def _unpermute_backward(ctx, grad):
     x_perm, row_id_map, probs = ctx.saved_tensors
+    refuse_double_backward("unpermute", grad, x_perm, probs)
     need_probs = x_perm is not None
     y = x_perm if need_probs else grad.new_empty(ctx.perm_shape)  # values read only for the probs gradient
     d_perm, d_probs = _ops.moe_unpermute_bwd(grad.contiguous(), y, row_id_map, probs, need_probs)
@@ -140,6 +141,7 @@ def _swiglu_setup(ctx, inputs, output):
 
 def _swiglu_backward(ctx, grad):
     h, offsets = ctx.saved_tensors
+    refuse_double_backward("grouped SwiGLU", grad, h)
     return _ops.moe_swiglu_bwd(grad.contiguous(), h, offsets, ctx.widths), None, None
 
 
@@ -165,6 +167,7 @@ def _grouped_linear_backward(ctx, grad):
         if dx.shape[1] < ctx.x_cols:
             dx = torch.nn.functional.pad(dx, (0, ctx.x_cols - dx.shape[1]))
     if ctx.needs_input_grad[1]:
+        refuse_double_backward("grouped linear (weight gradient)", grad, x)
         dw_groups = _ops.moe_grouped_linear_wgrad(grad, x, offsets, [w.shape[0] for w in stacked],
                                                   [w.shape[1] for w in stacked])
         dw = [part for g in range(G) for part in dw_groups[g].split([w.shape[0] for w in weights[g * P:(g + 1) * P]])]

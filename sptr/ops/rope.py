@@ -14,7 +14,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, check_tensor
+from ._checks import FLOATING, check_tensor, refuse_double_backward
 
 _ops = torch.ops.sptr
 LAYOUTS = ("hf", "wallx")
@@ -76,6 +76,7 @@ def _table_grads(grad_q, grad_k, q, k, cos, sin, section, hf_layout):
 
 def _backward(ctx, grad_q, grad_k):
     cos, sin, q, k = ctx.saved_tensors
+    refuse_double_backward("apply_rotary", grad_q, grad_k, cos, sin, q, k)
     # An output that took no part in the loss has no gradient: treat it as zeros.
     grad_q = grad_q if grad_q is not None else grad_k.new_zeros(ctx.shapes[0])
     grad_k = grad_k if grad_k is not None else grad_q.new_zeros(ctx.shapes[1])

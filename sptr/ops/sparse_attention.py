@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-from ._checks import data_checks
+from ._checks import FLOATING, INDEX, check_range, check_shape, check_tensor, data_checks
 from .step_attention import (
     attention_step1,
     attention_step2,
@@ -30,6 +30,10 @@ def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_ma
     fp32, fp16, bf16) casts q, k, v and the tables for the computation.
     """
     global _warned_partial_rel
+    check_tensor("query", query, dim=3, dtypes=FLOATING)
+    check_tensor("sort_idx", sort_idx, dim=1, dtypes=INDEX, device=query.device)
+    check_shape("sort_idx", sort_idx, (query.shape[0],))
+    check_range("sort_idx", sort_idx, 0, query.shape[0])
     out_dtype = query.dtype
     if dtype is not None:
         query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)

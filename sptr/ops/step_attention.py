@@ -16,11 +16,13 @@ from ._checks import (
     FLOATING,
     INDEX,
     INTEGER,
+    ValueChecks,
     check_offsets,
     check_range,
     check_shape,
     check_tensor,
     common_float_dtype,
+    refuse_double_backward,
 )
 
 _ops = torch.ops.sptr
@@ -79,6 +81,7 @@ def _pair_logits_setup(ctx, inputs, output):
 
 def _pair_logits_backward(ctx, grad):
     q, k, index_0, index_1, table_q, table_k, rel_idx = ctx.saved_tensors
+    refuse_double_backward("pair_logits", grad, q, k, table_q, table_k)
     dq, dk, dtq, dtk = _ops.window_pair_logits_bwd(grad, q, k, index_0, index_1, table_q, table_k, rel_idx,
                                                     ctx.with_qk)
     return (dq, dk, None, None, dtq if table_q is not None else None, dtk if table_k is not None else None, None,
@@ -92,6 +95,7 @@ def _aggregate_setup(ctx, inputs, output):
 
 def _aggregate_backward(ctx, grad):
     attn, v, index_0_offsets, index_1, table_v, rel_idx = ctx.saved_tensors
+    refuse_double_backward("aggregate", grad, attn, v, table_v)
     # The backward needs each pair's query; rebuild it from the offsets rather than saving index_0.
     counts = (index_0_offsets[1:] - index_0_offsets[:-1]).long()
     index_0 = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
@@ -106,6 +110,7 @@ def _softmax_setup(ctx, inputs, output):
 
 def _softmax_backward(ctx, grad):
     out, indptr = ctx.saved_tensors
+    refuse_double_backward("segment_softmax", grad, out)
     return _ops.window_softmax_bwd(grad, out, indptr), None
 
 
@@ -119,26 +124,27 @@ def _check_features(name: str, t: Tensor, device=None) -> Tensor:
     return check_tensor(name, t, dim=3, dtypes=FLOATING, device=device)
 
 
-def _check_pairs(index_0: Tensor, index_1: Tensor, num_q: int, num_k: int, device) -> int:
+def _check_pairs(index_0: Tensor, index_1: Tensor, num_q: int, num_k: int, device, checks: ValueChecks) -> int:
     check_tensor("index_0", index_0, dim=1, dtypes=INDEX, device=device)
     check_tensor("index_1", index_1, dim=1, dtypes=INDEX, device=device)
     if index_0.shape[0] != index_1.shape[0]:
         raise ValueError(f"index_0 and index_1 must have the same length, got {index_0.shape[0]} and "
                          f"{index_1.shape[0]}")
-    check_range("index_0", index_0, 0, num_q)
-    check_range("index_1", index_1, 0, num_k)
+    checks.range("index_0", index_0, 0, num_q).range("index_1", index_1, 0, num_k)
     return index_0.shape[0]
 
 
-def _check_rel(rel_idx: Tensor, num_pairs: int, length: int, device) -> None:
+def _check_rel(rel_idx: Tensor, num_pairs: int, length: int, device, checks: ValueChecks) -> None:
     check_tensor("rel_idx", rel_idx, dim=2, dtypes=INTEGER, device=device)
     check_shape("rel_idx", rel_idx, (num_pairs, 3))
-    check_range("rel_idx", rel_idx, 0, length)
+    checks.range("rel_idx", rel_idx, 0, length)
 
 
-def _check_table(name: str, table: Tensor, h: int, d: int, device) -> None:
+def _check_table(name: str, table: Tensor, h: int, d: int, device, features: str) -> None:
     check_tensor(name, table, dim=4, dtypes=FLOATING, device=device)
-    check_shape(name, table, (None, 3, h, d))
+    if table.shape[1:] != (3, h, d):
+        raise ValueError(f"{name} must have shape (L, 3, {h}, {d}) (the heads and head_dim of {features}), got "
+                         f"{tuple(table.shape)}")
 
 
 def pair_logits(q: Tensor, k: Tensor, index_0: Tensor, index_1: Tensor, table_q: Tensor | None = None,
@@ -154,19 +160,21 @@ def pair_logits(q: Tensor, k: Tensor, index_0: Tensor, index_1: Tensor, table_q:
     if k.shape[1:] != q.shape[1:]:
         raise ValueError(f"q and k must agree in (heads, head_dim), got {tuple(q.shape)} and {tuple(k.shape)}")
     dtype = common_float_dtype(q=q, k=k, table_q=table_q, table_k=table_k)
-    num_pairs = _check_pairs(index_0, index_1, q.shape[0], k.shape[0], q.device)
+    checks = ValueChecks()
+    num_pairs = _check_pairs(index_0, index_1, q.shape[0], k.shape[0], q.device, checks)
     h, d = q.shape[1], q.shape[2]
     tables = [t for t in (table_q, table_k) if t is not None]
     for name, t in (("table_q", table_q), ("table_k", table_k)):
         if t is not None:
-            _check_table(name, t, h, d, q.device)
+            _check_table(name, t, h, d, q.device, "q")
     if len(tables) == 2 and table_q.shape[0] != table_k.shape[0]:
         raise ValueError(f"table_q and table_k must have the same length L, got {table_q.shape[0]} and "
                          f"{table_k.shape[0]}")
     if tables:
         if rel_idx is None:
             raise ValueError("rel_idx is required when a relative-position table is given")
-        _check_rel(rel_idx, num_pairs, tables[0].shape[0], q.device)
+        _check_rel(rel_idx, num_pairs, tables[0].shape[0], q.device, checks)
+    checks.run()
     cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
     return _ops.window_pair_logits_fwd(cast(q), cast(k), index_0, index_1, cast(table_q), cast(table_k),
                                        rel_idx if tables else None, with_qk)
@@ -186,14 +194,19 @@ def aggregate(attn: Tensor, v: Tensor, index_0_offsets: Tensor, index_1: Tensor,
     check_tensor("index_0_offsets", index_0_offsets, dim=1, dtypes=INDEX, device=attn.device)
     check_tensor("index_1", index_1, dim=1, dtypes=INDEX, device=attn.device)
     num_pairs, h, d = index_1.shape[0], v.shape[1], v.shape[2]
-    check_shape("attn", attn, (num_pairs, h))
-    check_offsets("index_0_offsets", index_0_offsets, num_pairs)
-    check_range("index_1", index_1, 0, v.shape[0])
+    if attn.shape[0] != num_pairs:
+        raise ValueError(f"attn must have one row per pair of index_1 ({num_pairs}), got shape {tuple(attn.shape)}")
+    if attn.shape[1] != h:
+        raise ValueError(f"attn (M, h) and v (Nk, h, d) must have the same number of heads, got {tuple(attn.shape)} "
+                         f"and {tuple(v.shape)}")
+    checks = ValueChecks().offsets("index_0_offsets", index_0_offsets, num_pairs)
+    checks.range("index_1", index_1, 0, v.shape[0])
     if table_v is not None:
-        _check_table("table", table_v, h, d, attn.device)
+        _check_table("table", table_v, h, d, attn.device, "v")
         if rel_idx is None:
             raise ValueError("rel_idx is required when a relative-position table is given")
-        _check_rel(rel_idx, num_pairs, table_v.shape[0], attn.device)
+        _check_rel(rel_idx, num_pairs, table_v.shape[0], attn.device, checks)
+    checks.run()
     return _ops.window_aggregate_fwd(attn.to(dtype), v.to(dtype), index_0_offsets, index_1,
                                      None if table_v is None else table_v.to(dtype),
                                      None if table_v is None else rel_idx)
@@ -237,11 +250,12 @@ def dot_prod_with_idx(q, index_q, index_q_offsets, *args, **kwargs):
 
     Accepts the official argument order ``(q, index_q, index_q_offsets, n_max, k, index_k_offsets, index_k,
     table_q, table_k, rel_idx)`` and the 1.1.1 order ``(q, index_q, index_q_offsets, k, index_k,
-    index_k_offsets, table_q, table_k, rel_idx, n_max)``: the 4th positional argument is an int in the first.
+    index_k_offsets, table_q, table_k, rel_idx, n_max)``: the 4th positional argument is ``n_max`` (an int,
+    a numpy integer or a 0-d tensor) in the first and the ``(Nk, h, d)`` tensor ``k`` in the second.
     """
     names_official = ["n_max", "k", "index_k_offsets", "index_k", "table_q", "table_k", "rel_idx"]
     names_111 = ["k", "index_k", "index_k_offsets", "table_q", "table_k", "rel_idx", "n_max"]
-    official = bool(args) and isinstance(args[0], int)
+    official = bool(args) and not (isinstance(args[0], Tensor) and args[0].dim() > 0)
     bound = dict(zip(names_official if official else names_111, args))
     overlap = set(bound) & set(kwargs)
     if overlap:

@@ -12,10 +12,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ._checks import ValueChecks
 from .step_attention import precompute_all
 
+_ops = torch.ops.sptr
 
-def to_3d_numpy(size) -> np.ndarray:
+
+def to_3d_numpy(size, name: str = "size") -> np.ndarray:
     """Number -> ``[s, s, s]`` float32; list/tuple -> ``np.array``; ndarray as is; tensor -> numpy."""
     if isinstance(size, np.ndarray):
         return size
@@ -25,15 +28,41 @@ def to_3d_numpy(size) -> np.ndarray:
         return np.array(size)
     if isinstance(size, Tensor):
         return size.detach().cpu().numpy()
-    raise ValueError(f"size must be a number, list, tuple, ndarray or tensor, got {type(size).__name__}")
+    raise ValueError(f"{name} must be a number, list, tuple, ndarray or tensor, got {type(size).__name__}")
 
 
-def _as_vector(name: str, value, like: Tensor) -> Tensor:
-    v = torch.as_tensor(to_3d_numpy(value) if not isinstance(value, Tensor) else value, device=like.device)
-    v = v.to(like.dtype).reshape(-1)
+def _as_vector(name: str, value, like: Tensor, positive: bool = True) -> Tensor:
+    """``value`` as a vector of ``like.shape[1]`` entries in ``like``'s dtype. Window and cell sizes must be
+    finite and > 0: checked eagerly (a host read of the small vector), not while compiling (the layers check
+    theirs when built)."""
+    v = torch.as_tensor(to_3d_numpy(value, name) if not isinstance(value, Tensor) else value)
+    if not (v.is_floating_point() or v.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)):
+        raise TypeError(f"{name} must hold real numbers, got {v.dtype}")
+    v = v.to(like.device, like.dtype).reshape(-1)
     if v.numel() != like.shape[1]:
         raise ValueError(f"{name} must have {like.shape[1]} entries, got {v.numel()}")
+    if not torch.compiler.is_compiling():
+        host = v.detach().cpu().double()
+        if not torch.isfinite(host).all() or (positive and not (host > 0).all()):
+            raise ValueError(f"{name} must be {'positive and ' if positive else ''}finite, got {host.tolist()}")
     return v
+
+
+def check_points(xyz: Tensor, batch: Tensor | None = None, name: str = "xyz") -> None:
+    """``xyz`` a floating ``(N, 3)`` tensor, ``batch`` an ``(N,)`` tensor of batch indices on its device."""
+    if not isinstance(xyz, Tensor) or xyz.dim() != 2 or xyz.shape[1] != 3:
+        raise ValueError(f"{name} must be an (N, 3) tensor, got {getattr(xyz, 'shape', type(xyz).__name__)}")
+    if not xyz.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor (metric coordinates), got {xyz.dtype}")
+    if batch is None:
+        return
+    if not isinstance(batch, Tensor) or batch.shape != xyz.shape[:1]:
+        raise ValueError(f"batch must be a tensor of shape ({xyz.shape[0]},) (one entry per point of {name}), got "
+                         f"{getattr(batch, 'shape', type(batch).__name__)}")
+    if batch.is_complex() or batch.dtype == torch.bool:  # floating is fine: layers carry it in xyz's dtype
+        raise TypeError(f"batch must be an integer or floating tensor of batch indices, got {batch.dtype}")
+    if batch.device != xyz.device:
+        raise ValueError(f"batch is on {batch.device}, {name} on {xyz.device}")
 
 
 def _cell_ids(pos: Tensor, batch: Tensor, size: Tensor, start: Tensor | None):
@@ -64,12 +93,10 @@ def grid_sample(pos: Tensor, batch: Tensor, size, start=None, return_p2v=True, r
     Returns ``cluster`` alone, ``(cluster, n_max, counts)`` with ``return_p2v=False``, or
     ``(cluster, p2v_map, counts[, unique])`` with ``p2v_map (n, n_max)`` zero-padded point lists.
     """
-    if not isinstance(pos, Tensor) or pos.dim() != 2 or not pos.is_floating_point():
-        raise ValueError(f"pos must be a floating (N, 3) tensor, got {getattr(pos, 'shape', type(pos))}")
-    if not isinstance(batch, Tensor) or batch.shape != pos.shape[:1]:
-        raise ValueError(f"batch must be a tensor of shape ({pos.shape[0]},), got {getattr(batch, 'shape', None)}")
+    check_points(pos, batch, name="pos")
+    ValueChecks().finite("pos", pos).run()
     size_t = _as_vector("size", size, pos)
-    start_t = None if start is None else _as_vector("start", start, pos)
+    start_t = None if start is None else _as_vector("start", start, pos, positive=False)
     if pos.shape[0] == 0:
         empty = torch.zeros(0, dtype=torch.long, device=pos.device)
         unique, cluster, counts = empty, empty, empty
@@ -91,13 +118,23 @@ def grid_sample(pos: Tensor, batch: Tensor, size, start=None, return_p2v=True, r
     return cluster, p2v_map, counts
 
 
-def _windows(xyz: Tensor, batch: Tensor, window_size, shift_win: bool):
-    """``(cluster, n_max, counts)`` of the (optionally half-window-shifted) windows of ``xyz``."""
+def _window_cells(xyz: Tensor, batch: Tensor, window_size, shift_win: bool) -> Tensor:
+    """Each point's window cell key (optionally half-window-shifted); ascending keys are SparseTransformer's
+    window order (``grid_sample``'s dense ranks)."""
+    check_points(xyz, batch)
+    ValueChecks().finite("xyz", xyz).run()
     w = _as_vector("window_size", window_size, xyz)
+    if xyz.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.long, device=xyz.device)
     if shift_win:
-        start = xyz.min(0).values if xyz.shape[0] else None
-        return grid_sample(xyz + 0.5 * w, batch, w, start=start, return_p2v=False)
-    return grid_sample(xyz, batch, w, start=None, return_p2v=False)
+        return _cell_ids(xyz + 0.5 * w, batch, w, xyz.min(0).values)
+    return _cell_ids(xyz, batch, w, None)
+
+
+@torch.library.register_fake("sptr::window_sort")
+def _window_sort_fake(cells):
+    num_offsets = torch.library.get_ctx().new_dynamic_size(min=1)  # W + 1 (the symbol must be the size itself)
+    return cells.new_empty(cells.shape), cells.new_empty(num_offsets, dtype=torch.int32)
 
 
 def get_indices_params(xyz: Tensor, batch: Tensor, window_size, shift_win: bool):
@@ -106,7 +143,9 @@ def get_indices_params(xyz: Tensor, batch: Tensor, window_size, shift_win: bool)
     Returns ``(index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx)``: int32 pair arrays over
     **sorted** positions, ``sort_idx`` (int64) the stable window-major order of the points.
     """
-    cluster, n_max, counts = _windows(xyz, batch, window_size, shift_win)
+    cells = _window_cells(xyz, batch, window_size, shift_win)
+    cluster, counts = torch.unique(cells, sorted=True, return_inverse=True, return_counts=True)[1:]
+    n_max = int(counts.max()) if counts.numel() else 0
     sort_idx = torch.sort(cluster, stable=True).indices
     index_0_offsets, index_1_offsets, index_0, index_1 = precompute_all(xyz.shape[0], counts.shape[0], n_max,
                                                                         counts)
@@ -115,12 +154,9 @@ def get_indices_params(xyz: Tensor, batch: Tensor, window_size, shift_win: bool)
 
 def window_partition(xyz: Tensor, batch: Tensor, window_size, shift_win: bool):
     """The same windows as :func:`get_indices_params`, as the fused path wants them: ``(sort_idx,
-    window_offsets)`` with int32 ``window_offsets (W+1)`` delimiting each window in sorted order."""
-    cluster, _, counts = _windows(xyz, batch, window_size, shift_win)
-    sort_idx = torch.sort(cluster, stable=True).indices
-    offsets = torch.zeros(counts.shape[0] + 1, dtype=torch.int32, device=xyz.device)
-    torch.cumsum(counts, 0, out=offsets[1:])
-    return sort_idx, offsets
+    window_offsets)`` with int32 ``window_offsets (W+1)`` delimiting each window in sorted order. No host
+    synchronisation; under torch.compile the window count W is a data-dependent size."""
+    return _ops.window_sort(_window_cells(xyz, batch, window_size, shift_win))
 
 
 def _split_func_arity(split_func) -> int:
@@ -140,6 +176,7 @@ def _split_func_arity(split_func) -> int:
 
 def _quantised(xyz: Tensor, window_size, quant_size, shift_win: bool) -> Tensor:
     """Each point's quantisation cell inside its window, as float32 (SparseTransformer §5.1)."""
+    check_points(xyz)
     x = xyz.float()
     w = _as_vector("window_size", window_size, x)
     q = _as_vector("quant_size", quant_size, x)

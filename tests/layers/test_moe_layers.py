@@ -220,7 +220,7 @@ def test_routed_config_errors():
         RoutedExpertFFNConfig(gating="relu")
     with pytest.raises(ValueError, match="capacity_factor"):
         RoutedExpertFFNConfig(capacity_factor=-1.0)
-    with pytest.raises(ValueError, match="num_experts must be an int"):
+    with pytest.raises(TypeError, match="num_experts must be an int"):
         RoutedExpertFFNConfig(num_experts=4.0)
 
 

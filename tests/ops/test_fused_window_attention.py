@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import torch
 
-from sptr.ops import RelativePosition, _checks, data_checks, window_attention
+from sptr.ops import RelativePosition, data_checks, window_attention
 from sptr.ops.sparse_attention import sparse_self_attention
 from sptr.ops.windowing import get_indices_params, quantised_coords, window_partition
 from sptr.reference.fused_window_attention import window_attention_reference
@@ -166,6 +166,27 @@ def test_matches_step_by_step_sparse_self_attention(device):
 
 
 @pytest.mark.parametrize("device", device_params())
+def test_window_sort_matches_the_pair_layout(device):
+    """window_partition's one-op layout (window_sort) equals get_indices_params' order and window sizes, on
+    empty, one-point and multi-batch scenes; opcheck covers its fake kernel (data-dependent window count)."""
+    gen = torch.Generator().manual_seed(8)
+    for n in (0, 1, 257):
+        xyz = (torch.rand(n, 3, generator=gen) * 3).to(device)
+        batch = (torch.arange(n) >= n // 2).long().to(device)
+        for shift in (False, True):
+            i0, o0, n_max, i1, o1, sort_idx = get_indices_params(xyz, batch, 0.7, shift)
+            order, offsets = window_partition(xyz, batch, 0.7, shift)
+            assert torch.equal(order, sort_idx) and offsets.dtype == torch.int32
+            sizes = (offsets[1:] - offsets[:-1]).long()
+            assert torch.equal(o0[offsets.long()[:-1]], offsets.new_tensor(
+                (torch.cumsum(sizes * sizes, 0) - sizes * sizes).tolist(), dtype=o0.dtype))
+    cells = torch.tensor([5, 2, 5, 9, 2, 2], device=device)
+    torch.library.opcheck(torch.ops.sptr.window_sort.default, (cells,))
+    order, offsets = torch.ops.sptr.window_sort(cells)
+    assert order.tolist() == [1, 4, 5, 0, 2, 3] and offsets.tolist() == [0, 3, 5, 6]
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_empty_input(device):
     q = torch.zeros(0, 2, 16, device=device, requires_grad=True)
     out = window_attention(q, q, q, torch.zeros(1, dtype=torch.int32, device=device))
@@ -252,25 +273,28 @@ def test_bad_input_raises_clear_errors(device):
 
 
 @pytest.mark.parametrize("device", device_params())
-def test_checks_see_in_place_changes_of_a_checked_tensor(device):
-    """Value checks remember a tensor that passed (one host sync per tensor, not per call), but an in-place
-    write bumps its version and the next call checks it again."""
+def test_checks_see_every_change_of_a_checked_tensor(device):
+    """Nothing is remembered between calls: a write after a first call is seen, also one through ``.data``
+    (which bumps no version counter) or, on CPU, through ``.numpy()``."""
     q, k, v, offsets, rel_pos = make_case([3, 4], 2, 16, torch.float32, device, ("query", "key"))
     window_attention(q, k, v, offsets, rel_pos=rel_pos)
-    offsets[1] = 9  # offsets (0, 3, 7) -> (0, 9, 7)
-    with pytest.raises(ValueError, match="window_offsets must be non-decreasing"):
-        window_attention(q, k, v, offsets)
-    offsets[1] = 3
-    window_attention(q, k, v, offsets, rel_pos=rel_pos)
-    rel_pos.coords[0, 0] = rel_pos.rel_shift + 1
-    with pytest.raises(ValueError, match="rel_pos.coords must have values in"):
+    writers = [lambda t, i, x: t.data.__setitem__(i, x)]
+    if device == "cpu":
+        writers.append(lambda t, i, x: t.numpy().__setitem__(i, x))
+    for write in writers:
+        write(offsets, 1, 9)  # offsets (0, 3, 7) -> (0, 9, 7)
+        with pytest.raises(ValueError, match="window_offsets must be non-decreasing"):
+            window_attention(q, k, v, offsets)
+        write(offsets, 1, 3)
         window_attention(q, k, v, offsets, rel_pos=rel_pos)
-    # with a radius only columns 0-1 are checked (a view, remembered through its base)
-    rel_pos.coords[0, 0] = 0
+        write(rel_pos.coords, (0, 0), rel_pos.rel_shift + 1)
+        with pytest.raises(ValueError, match="rel_pos.coords must have values in"):
+            window_attention(q, k, v, offsets, rel_pos=rel_pos)
+        write(rel_pos.coords, (0, 0), 0)
+    # with a radius only columns 0-1 are checked
     radial = dataclasses.replace(rel_pos, radius=torch.ones(7, device=device), radial_a=0.5)
+    rel_pos.coords[0, 2] = -1
     window_attention(q, k, v, offsets, rel_pos=radial)
-    assert _checks._passed_before(rel_pos.coords[:, :2], ("range", 0, rel_pos.rel_shift + 1))  # a fresh view
-    assert _checks._passed_before(offsets, ("offsets", 7))
     rel_pos.coords[1, 1] = -1
     with pytest.raises(ValueError, match="rel_pos.coords must have values in"):
         window_attention(q, k, v, offsets, rel_pos=radial)

@@ -254,7 +254,7 @@ def test_bad_inputs_raise_clear_errors():
     bad[2] = o0[3] + 1
     with pytest.raises(ValueError, match="non-decreasing"):
         sptr.attention_step2(attn, q, i0, bad, i1, o1, 3)
-    with pytest.raises(ValueError, match="attn must have shape"):
+    with pytest.raises(ValueError, match="attn must have one row per pair"):
         sptr.attention_step2(attn[:-1], q, i0, o0, i1, o1, 3)
     with pytest.raises(ValueError, match="indptr must start at 0"):
         sptr.scatter_softmax_csr(attn, o0 + 1)

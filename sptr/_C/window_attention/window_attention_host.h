@@ -24,8 +24,10 @@ inline void check_table(const at::Tensor& table, const char* name, const at::Ten
 inline void check_rel(const at::Tensor& rel, int64_t M, const at::Tensor& ref) {
   SPTR_CHECK_VALUE(rel.dim() == 2 && rel.size(0) == M && rel.size(1) == 3, "rel_idx must have shape (", M,
                     ", 3), got ", rel.sizes());
-  SPTR_CHECK_TYPE(at::isIntegralType(rel.scalar_type(), /*includeBool=*/false),
-                   "rel_idx must be int8, int16, int32 or int64, got ", rel.scalar_type());
+  // Exactly the widths IntView reads as signed: uint8 would be read as int8 (values >= 128 lost).
+  const auto t = rel.scalar_type();
+  SPTR_CHECK_TYPE(t == at::kChar || t == at::kShort || t == at::kInt || t == at::kLong,
+                   "rel_idx must be int8, int16, int32 or int64, got ", t);
   SPTR_CHECK_VALUE(rel.device() == ref.device(), "rel_idx is on ", rel.device(), " but the features on ",
                     ref.device());
 }
@@ -214,6 +216,19 @@ class GradBuffers {
   std::vector<at::ScalarType> dtypes_;
   std::vector<at::Device> devices_;
 };
+
+// The fused path's window layout from each point's window cell key: the stable window-major point order and
+// the int32 CSR offsets of the windows (cells in ascending key order). Device-generic ATen code: one unique
+// and one sort; the window count is data-dependent (the fake kernel declares it to the compiler).
+inline std::tuple<at::Tensor, at::Tensor> window_sort(const at::Tensor& cells) {
+  SPTR_CHECK_DIM(cells, 1);
+  SPTR_CHECK_TYPE(cells.scalar_type() == at::kLong, "cells must be int64, got ", cells.scalar_type());
+  auto counts = std::get<2>(at::_unique2(cells, /*sorted=*/true, /*return_inverse=*/false, /*return_counts=*/true));
+  auto sort_idx = std::get<1>(at::sort(cells, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+  auto offsets = at::zeros({counts.numel() + 1}, cells.options().dtype(at::kInt));
+  if (counts.numel() > 0) offsets.slice(0, 1).copy_(at::cumsum(counts, 0));
+  return {sort_idx, offsets};
+}
 
 // Per-window starts for precompute_all: window of each point, first point and first pair of each window.
 struct WindowLayout {

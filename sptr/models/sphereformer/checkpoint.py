@@ -15,14 +15,27 @@ SPCONV_LAYOUTS = ("auto", "2.1", "2.2")
 
 
 def match_module_prefix(state_dict: dict, model: nn.Module) -> dict:
-    """Add or strip DDP/DataParallel's ``module.`` prefix so the keys match ``model``'s."""
+    """Add or strip DDP/DataParallel's ``module.`` prefix, key by key, so the keys match ``model``'s (a file
+    whose keys mix both forms loads too)."""
     want_prefix = next(iter(model.state_dict()), "").startswith("module.")
-    has_prefix = next(iter(state_dict), "").startswith("module.")
-    if has_prefix == want_prefix:
-        return dict(state_dict)
-    if has_prefix:
-        return {k[len("module."):] if k.startswith("module.") else k: v for k, v in state_dict.items()}
-    return {f"module.{k}": v for k, v in state_dict.items()}
+    bare = {k.removeprefix("module."): v for k, v in state_dict.items()}
+    if len(bare) != len(state_dict):
+        raise ValueError("checkpoint holds some keys both with and without the 'module.' prefix")
+    return {f"module.{k}": v for k, v in bare.items()} if want_prefix else bare
+
+
+def as_state_dict(state, source: str = "checkpoint") -> dict:
+    """``state`` itself or its ``'state_dict'`` entry, which must map str keys to tensors."""
+    if isinstance(state, dict) and "state_dict" in state:
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise TypeError(f"{source} holds no state dict: expected a dict of tensors or {{'state_dict': dict}}, "
+                        f"got {type(state).__name__}")
+    odd = next(((k, v) for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)),
+               None)
+    if odd is not None:
+        raise TypeError(f"{source}: entry {odd[0]!r} is a {type(odd[1]).__name__}, expected a tensor under a str key")
+    return state
 
 
 def read_state_dict(path: str) -> dict:
@@ -34,12 +47,7 @@ def read_state_dict(path: str) -> dict:
         from safetensors.torch import load_file
 
         return load_file(path)
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"checkpoint {path!r} holds no state dict (a dict of tensors or {{'state_dict': ...}})")
-    return state
+    return as_state_dict(torch.load(path, map_location="cpu", weights_only=True), f"checkpoint {path!r}")
 
 
 def _sparse_conv_weights(model: nn.Module) -> set[str]:
@@ -80,7 +88,10 @@ def load_pretrained(model: nn.Module, path_or_state, strict: bool = True, spconv
     """Load a checkpoint into ``model``: a path (``.pth``/``.pt``/``.tar`` torch file or ``.safetensors``) or a
     state dict, keys with or without ``module.``, spconv 2.1 weights converted. Strict by default; any shape
     mismatch raises a ValueError naming the key and both shapes. Returns ``load_state_dict``'s result."""
-    state = read_state_dict(path_or_state) if isinstance(path_or_state, (str, os.PathLike)) else path_or_state
+    if isinstance(path_or_state, (str, os.PathLike)):
+        state = read_state_dict(os.fspath(path_or_state))
+    else:
+        state = as_state_dict(path_or_state, "path_or_state")
     state = match_module_prefix(state, model)
     state = convert_spconv_layout(state, model, spconv_layout)
     target = model.state_dict()

@@ -50,6 +50,7 @@ class SphereFormerUNetConfig(LayerConfig):
     ignore_label: int = 255
 
     def __post_init__(self):
+        super().__post_init__()
         name = type(self).__name__
         check_positive(name, in_channels=self.in_channels, num_classes=self.num_classes,
                        block_reps=self.block_reps, head_dim=self.head_dim, window_size=self.window_size,
