@@ -50,8 +50,11 @@ TORCH_LIBRARY(sptr, m) {
 
   // Multimodal RoPE. mrope_section is the undoubled [t, h, w] split of head_dim / 2 (empty: cos/sin are
   // already composed, shape [B, S, D]); hf_layout selects HF's per-half streams, else Wall-X's contiguous ones.
+  // promote: fp16/bf16 q, k with fp32 tables give fp32 results (type promotion, the tables unrounded); the
+  // backward then takes fp32 gradients and returns them in input_dtype. Otherwise tables are cast to q's dtype.
   m.def(
-      "mrope_fwd(Tensor q, Tensor k, Tensor cos, Tensor sin, int[] mrope_section, bool hf_layout) "
+      "mrope_fwd(Tensor q, Tensor k, Tensor cos, Tensor sin, int[] mrope_section, bool hf_layout, "
+      "bool promote=False) "
       "-> (Tensor, Tensor)");
   m.def(
       "mrope_fwd_out(Tensor q, Tensor k, Tensor cos, Tensor sin, int[] mrope_section, bool hf_layout, "
@@ -59,7 +62,8 @@ TORCH_LIBRARY(sptr, m) {
   m.def(
       "mrope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, int[] mrope_section, bool hf_layout) -> ()");
   m.def(
-      "mrope_bwd(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, int[] mrope_section, bool hf_layout) "
+      "mrope_bwd(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, int[] mrope_section, bool hf_layout, "
+      "ScalarType? input_dtype=None) "
       "-> (Tensor, Tensor)");
 
   // Qwen2.5-VL index functions (transformers 4.49 semantics).

@@ -1,9 +1,11 @@
 """Swap sptr's kernels into a transformers Qwen2.5-VL model without changing its outputs.
 
-``apply_to(model)`` (transformers 4.49, the version Wall-X pins) replaces, on that model instance, the text
-model's ``get_rope_index`` and the vision tower's ``rot_pos_emb`` / ``get_window_index``; the mRoPE applied
-inside the text attention layers is a module-level function in transformers, so it is replaced process-wide
-(``restore()`` undoes it). Every replacement is bit-identical to the function it replaces.
+``apply_to(model)`` (transformers 4.49, the version Wall-X pins) patches that model instance only: the text
+model's ``get_rope_index``, the vision tower's ``rot_pos_emb`` / ``get_window_index``, and the ``forward`` of
+each text attention module, replaced by a copy of transformers' own forward that calls sptr's mRoPE. Other
+models, patched or not, are unaffected, and ``restore(model)`` removes the patches. Every replacement gives
+transformers' results bit for bit, under autocast too (the mRoPE promotes fp16/bf16 q, k with fp32 cos/sin to
+fp32 as the eager expression does).
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from ..ops import rope as rope_ops
 from ..ops import vision_index
 
 _SUPPORTED = "4.49"
-_original_mrope = None
+_MROPE = "apply_multimodal_rotary_pos_emb"
+_PATCHED_NAMES = ("forward", "get_rope_index", "rot_pos_emb", "get_window_index")
+_with_fused_mrope_cache: dict = {}
 
 
 def _modeling():
@@ -26,21 +30,47 @@ def _modeling():
         raise RuntimeError(f"sptr.integrations.qwen2_5_vl.apply_to supports transformers {_SUPPORTED}.x, found "
                            f"{transformers.__version__}; for transformers 5.x call "
                            "sptr.ops.vision_index.get_rope_index_hf5 with the 5.x arguments")
-    for name in ("apply_multimodal_rotary_pos_emb", "Qwen2_5_VLForConditionalGeneration",
-                 "Qwen2_5_VisionTransformerPretrainedModel"):
+    for name in (_MROPE, "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VisionTransformerPretrainedModel"):
         if not hasattr(modeling_qwen2_5_vl, name):
             raise RuntimeError(f"transformers' Qwen2.5-VL module has no {name}; cannot patch")
     return modeling_qwen2_5_vl
 
 
 def fused_multimodal_rotary_pos_emb(q, k, cos, sin, mrope_section, unsqueeze_dim=1):
-    """Same signature and values as transformers' ``apply_multimodal_rotary_pos_emb``."""
+    """Same signature and values as transformers' ``apply_multimodal_rotary_pos_emb`` (cos/sin
+    ``[3, B, S, D]``, the output dtype by type promotion)."""
+    if cos.dim() != 4 or sin.dim() != 4:
+        raise ValueError(f"cos/sin must be the [3, B, S, D] stream tables of the mRoPE, got {tuple(cos.shape)} / "
+                         f"{tuple(sin.shape)}")
     if unsqueeze_dim == 2:  # [B, S, H, D] operands: the kernel takes [B, H, S, D] views
         q_out, k_out = rope_ops.apply_rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin, list(mrope_section))
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    if unsqueeze_dim != 1:
+        raise ValueError(f"unsqueeze_dim must be 1 ([B, H, S, D] q, k) or 2 ([B, S, H, D]), got {unsqueeze_dim}")
     return rope_ops.apply_rotary(q, k, cos, sin, list(mrope_section))
 
 
+def _patch(fn):
+    fn._sptr_patch = True
+    return fn
+
+
+def _with_fused_mrope(forward):
+    """A copy of transformers' ``forward`` whose global ``apply_multimodal_rotary_pos_emb`` is sptr's (its
+    module's other globals as they were when first patched); only the modules given the copy use it."""
+    copy = _with_fused_mrope_cache.get(forward)
+    if copy is None:
+        scope = dict(forward.__globals__)
+        scope[_MROPE] = fused_multimodal_rotary_pos_emb
+        copy = types.FunctionType(forward.__code__, scope, forward.__name__, forward.__defaults__,
+                                  forward.__closure__)
+        copy.__kwdefaults__, copy.__qualname__, copy.__doc__ = (forward.__kwdefaults__, forward.__qualname__,
+                                                               forward.__doc__)
+        _with_fused_mrope_cache[forward] = _patch(copy)
+    return copy
+
+
+@_patch
 def _get_rope_index(self, input_ids=None, image_grid_thw=None, video_grid_thw=None, second_per_grid_ts=None,
                     attention_mask=None):
     if input_ids is None:
@@ -52,10 +82,12 @@ def _get_rope_index(self, input_ids=None, image_grid_thw=None, video_grid_thw=No
                                        cfg.vision_start_token_id, cfg.vision_config.tokens_per_second)
 
 
+@_patch
 def _rot_pos_emb(self, grid_thw):
     return vision_index.rot_pos_emb(self.rotary_pos_emb.inv_freq, grid_thw, self.spatial_merge_size)
 
 
+@_patch
 def _get_window_index(self, grid_thw):
     window = self.window_size // self.spatial_merge_size // self.patch_size
     index, cu = vision_index.get_window_index(grid_thw, self.spatial_merge_size, window, self.patch_size,
@@ -66,29 +98,26 @@ def _get_window_index(self, grid_thw):
 
 def apply_to(model: torch.nn.Module) -> torch.nn.Module:
     """Patch a ``Qwen2_5_VLForConditionalGeneration`` (or a model holding one) in place; returns it."""
-    global _original_mrope
     hf = _modeling()
     target = next((m for m in model.modules() if isinstance(m, hf.Qwen2_5_VLForConditionalGeneration)), None)
     if target is None:
         raise TypeError(f"{type(model).__name__} holds no Qwen2_5_VLForConditionalGeneration")
     target.get_rope_index = types.MethodType(_get_rope_index, target)
-    for tower in (m for m in target.modules() if isinstance(m, hf.Qwen2_5_VisionTransformerPretrainedModel)):
-        tower.rot_pos_emb = types.MethodType(_rot_pos_emb, tower)
-        tower.get_window_index = types.MethodType(_get_window_index, tower)
-    if _original_mrope is None:
-        _original_mrope = hf.apply_multimodal_rotary_pos_emb
-        hf.apply_multimodal_rotary_pos_emb = fused_multimodal_rotary_pos_emb
+    for module in target.modules():
+        if isinstance(module, hf.Qwen2_5_VisionTransformerPretrainedModel):
+            module.rot_pos_emb = types.MethodType(_rot_pos_emb, module)
+            module.get_window_index = types.MethodType(_get_window_index, module)
+        forward = type(module).forward
+        if getattr(forward, "__globals__", None) is vars(hf) and _MROPE in forward.__code__.co_names:
+            module.forward = types.MethodType(_with_fused_mrope(forward), module)
     return model
 
 
-def restore(model: torch.nn.Module | None = None) -> None:
-    """Undo :func:`apply_to`: the process-wide mRoPE, and the instance patches of ``model`` if given."""
-    global _original_mrope
-    hf = _modeling()
-    if _original_mrope is not None:
-        hf.apply_multimodal_rotary_pos_emb = _original_mrope
-        _original_mrope = None
-    if model is not None:
-        for m in model.modules():
-            for name in ("get_rope_index", "rot_pos_emb", "get_window_index"):
-                m.__dict__.pop(name, None)
+def restore(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo :func:`apply_to` on ``model``; returns it."""
+    for module in model.modules():
+        for name in _PATCHED_NAMES:
+            patched = module.__dict__.get(name)
+            if getattr(getattr(patched, "__func__", None), "_sptr_patch", False):
+                del module.__dict__[name]
+    return model

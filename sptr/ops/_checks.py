@@ -88,8 +88,16 @@ class ValueChecks:
             self._checks.append((name, t, "finite", ()))
         return self
 
+    def require(self, message: str, condition: Tensor) -> "ValueChecks":
+        """A 0-d boolean tensor that must be True; `message` says what was expected, naming the argument."""
+        if data_checks_enabled() and _has_values(condition):
+            self._checks.append((message, condition, "require", ()))
+        return self
+
     @staticmethod
     def _statistics(t: Tensor, kind: str) -> Tensor:
+        if kind == "require":
+            return t.all().long().reshape(1)
         if kind == "finite":
             return torch.isfinite(t).all().long().reshape(1)
         t = t.reshape(-1).long()
@@ -112,7 +120,10 @@ class ValueChecks:
                 start += stats.numel()
         for i, (name, _, kind, bounds) in enumerate(self._checks):
             v = values[i]
-            if kind == "finite":
+            if kind == "require":
+                if not v[0]:
+                    raise ValueError(name)
+            elif kind == "finite":
                 if not v[0]:
                     raise ValueError(f"{name} must be finite, got NaN or infinite values")
             elif kind == "range":

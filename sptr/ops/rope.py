@@ -7,6 +7,7 @@ transformers' ``apply_multimodal_rotary_pos_emb`` bit for bit (same rounding in 
 """
 from __future__ import annotations
 
+import numbers
 from typing import Sequence
 
 import torch
@@ -21,13 +22,15 @@ LAYOUTS = ("hf", "wallx")
 
 
 @torch.library.register_fake("sptr::mrope_fwd")
-def _mrope_fake(q, k, cos, sin, mrope_section, hf_layout):
-    return q.new_empty(q.shape), k.new_empty(k.shape)
+def _mrope_fake(q, k, cos, sin, mrope_section, hf_layout, promote=False):
+    dtype = torch.promote_types(q.dtype, cos.dtype) if promote else q.dtype
+    return torch.empty_like(q, dtype=dtype), torch.empty_like(k, dtype=dtype)
 
 
 @torch.library.register_fake("sptr::mrope_bwd")
-def _mrope_bwd_fake(grad_q, grad_k, cos, sin, mrope_section, hf_layout):
-    return grad_q.new_empty(grad_q.shape), grad_k.new_empty(grad_k.shape)
+def _mrope_bwd_fake(grad_q, grad_k, cos, sin, mrope_section, hf_layout, input_dtype=None):
+    dtype = grad_q.dtype if input_dtype is None else input_dtype
+    return torch.empty_like(grad_q, dtype=dtype), torch.empty_like(grad_k, dtype=dtype)
 
 
 @torch.library.register_fake("sptr::mrope_fwd_out")
@@ -41,9 +44,10 @@ def _mrope_inplace_fake(q, k, cos, sin, mrope_section, hf_layout):
 
 
 def _setup(ctx, inputs, output):
-    q, k, cos, sin, section, hf_layout = inputs
+    q, k, cos, sin, section, hf_layout, promote = inputs
     ctx.section, ctx.hf_layout = section, hf_layout
     ctx.shapes = (q.shape, k.shape)
+    ctx.input_dtype = q.dtype if output[0].dtype != q.dtype else None  # promoted: the gradient comes in fp32
     ctx.save_for_backward(cos, sin, q if cos.requires_grad or sin.requires_grad else None,
                           k if cos.requires_grad or sin.requires_grad else None)
 
@@ -57,21 +61,22 @@ def _stream_gather_index(d: int, section, hf_layout: bool, device) -> Tensor:
 
 
 def _table_grads(grad_q, grad_k, q, k, cos, sin, section, hf_layout):
-    """d cos / d sin (rare: trainable tables); summed over heads into the selected stream only."""
+    """d cos / d sin (trainable tables) exactly as autograd computes them for transformers' eager expression:
+    per operand the gradient times q (or rotate_half(q)) in the promoted dtype, reduced over heads (and batch,
+    for a batch-1 table) by one ``sum_to_size``, the q and k parts added; each dim goes to its stream only."""
     def rot(x):
         x1, x2 = x.chunk(2, -1)
         return torch.cat([-x2, x1], -1)
 
-    gc = (grad_q.float() * q.float()).sum(1) + (grad_k.float() * k.float()).sum(1)
-    gs = (grad_q.float() * rot(q.float())).sum(1) + (grad_k.float() * rot(k.float())).sum(1)
+    composed = (cos.shape[-3], 1, q.shape[-2], q.shape[-1])  # the [B, 1, S, D] table q and k are multiplied by
+    gc = (grad_q * q).sum_to_size(composed) + (grad_k * k).sum_to_size(composed)
+    gs = (grad_q * rot(q)).sum_to_size(composed) + (grad_k * rot(k)).sum_to_size(composed)
+    gc, gs = gc.squeeze(1), gs.squeeze(1)
     if cos.dim() == 3:
-        return (gc.sum(0, keepdim=True), gs.sum(0, keepdim=True)) if cos.shape[0] == 1 else (gc, gs)
+        return gc, gs
     stream = _stream_gather_index(q.shape[-1], section, hf_layout, q.device)
-    onehot = torch.nn.functional.one_hot(stream, 3).t().to(gc.dtype)  # [3, D]
-    dcos, dsin = onehot[:, None, None, :] * gc[None], onehot[:, None, None, :] * gs[None]
-    if cos.shape[1] == 1:
-        dcos, dsin = dcos.sum(1, keepdim=True), dsin.sum(1, keepdim=True)
-    return dcos, dsin
+    selected = torch.nn.functional.one_hot(stream, 3).t().bool()[:, None, None, :]  # [3, 1, 1, D]
+    return torch.where(selected, gc[None], 0), torch.where(selected, gs[None], 0)
 
 
 def _backward(ctx, grad_q, grad_k):
@@ -80,12 +85,12 @@ def _backward(ctx, grad_q, grad_k):
     # An output that took no part in the loss has no gradient: treat it as zeros.
     grad_q = grad_q if grad_q is not None else grad_k.new_zeros(ctx.shapes[0])
     grad_k = grad_k if grad_k is not None else grad_q.new_zeros(ctx.shapes[1])
-    gq, gk = _ops.mrope_bwd(grad_q, grad_k, cos, sin, ctx.section, ctx.hf_layout)
+    gq, gk = _ops.mrope_bwd(grad_q, grad_k, cos, sin, ctx.section, ctx.hf_layout, ctx.input_dtype)
     dcos = dsin = None
     if q is not None:
         dcos, dsin = _table_grads(grad_q, grad_k, q, k, cos, sin, ctx.section, ctx.hf_layout)
         dcos, dsin = dcos.to(cos.dtype), dsin.to(sin.dtype)
-    return gq, gk, dcos, dsin, None, None
+    return gq, gk, dcos, dsin, None, None, None
 
 
 torch.library.register_autograd("sptr::mrope_fwd", _backward, setup_context=_setup)
@@ -110,34 +115,44 @@ def _check(q, k, cos, sin, mrope_section, section_layout):
         if mrope_section is None or len(mrope_section) != 3 or sum(mrope_section) != q.shape[-1] // 2:
             raise ValueError(f"mrope_section must be 3 ints summing to head_dim / 2 = {q.shape[-1] // 2}, got "
                              f"{mrope_section}")
+        if any(not isinstance(s, numbers.Integral) or isinstance(s, bool) for s in mrope_section):
+            raise TypeError(f"mrope_section must hold ints (as transformers' split needs), got {mrope_section}")
         return [int(s) for s in mrope_section]
     if cos.dim() != 3:
         raise ValueError(f"cos must be [3, B, S, D] or composed [B, S, D], got {tuple(cos.shape)}")
+    if mrope_section is not None:
+        raise ValueError(f"cos/sin of shape {tuple(cos.shape)} are a composed [B, S, D] table, which takes "
+                         f"mrope_section=None (got {mrope_section}); per-stream tables are [3, B, S, D]")
     return []
 
 
 def apply_rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: Sequence[int] | None = None, *,
                  section_layout: str = "hf") -> tuple[Tensor, Tensor]:
-    """Rotated ``(q, k)`` (new tensors), differentiable in q, k and cos/sin.
+    """Rotated ``(q, k)`` (new tensors), differentiable in q, k and cos/sin, with PyTorch's type promotion of
+    transformers' ``q * cos + rotate_half(q) * sin``: fp16/bf16 q, k with fp32 cos/sin (autocast) give fp32
+    results computed from the fp32 tables; tables of q's dtype give q's dtype.
 
     ``mrope_section`` is the undoubled split ``[t, h, w]`` of ``head_dim / 2`` for ``[3, B, S, D]`` tables
     (None for composed ``[B, S, D]`` tables). ``section_layout='wallx'`` reproduces the published Wall-X
     kernel's contiguous sections (not a rotation on vision tokens; opt-in only).
     """
     section = _check(q, k, cos, sin, mrope_section, section_layout)
-    return _ops.mrope_fwd(q, k, cos, sin, section, section_layout == "hf")
+    promote = cos.dtype == torch.float32 and q.dtype in (torch.float16, torch.bfloat16)
+    return _ops.mrope_fwd(q, k, cos, sin, section, section_layout == "hf", promote)
 
 
 def apply_rotary_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: Sequence[int] | None = None, *,
                   section_layout: str = "hf") -> tuple[Tensor, Tensor]:
-    """In-place :func:`apply_rotary` (exact: each thread reads its rotation pair before writing it)."""
+    """In-place :func:`apply_rotary` (exact: each thread reads its rotation pair before writing it). The result
+    keeps q's dtype, so fp32 cos/sin are cast to it first (transformers' low-precision models do the same)."""
     section = _check(q, k, cos, sin, mrope_section, section_layout)
     _ops.mrope_(q, k, cos, sin, section, section_layout == "hf")
     return q, k
 
 
 def rope(q, k, cos, sin, q_out, k_out, mrope_section_doubled, *, section_layout: str = "hf") -> None:
-    """Wall-X backend signature: writes rotated q, k into ``q_out``, ``k_out`` (may be ``q``, ``k``)."""
+    """Wall-X backend signature: writes rotated q, k into ``q_out``, ``k_out`` (may be ``q``, ``k``), in q's
+    dtype with the tables cast to it (the published kernel's arithmetic)."""
     section = [int(s) // 2 for s in mrope_section_doubled] if cos.dim() == 4 else None
     if q_out is q and k_out is k:
         apply_rotary_(q, k, cos, sin, section, section_layout=section_layout)
@@ -151,6 +166,6 @@ def rope_bwd(grad_q_out, grad_k_out, q, k, cos, sin, grad_q, grad_k, mrope_secti
     """Wall-X backend signature: writes the input gradients into ``grad_q``, ``grad_k`` (values of q, k unused)."""
     section = [int(s) // 2 for s in mrope_section_doubled] if cos.dim() == 4 else None
     sec = _check(grad_q_out, grad_k_out, cos, sin, section, section_layout)
-    gq, gk = _ops.mrope_bwd(grad_q_out, grad_k_out, cos, sin, sec, section_layout == "hf")
+    gq, gk = _ops.mrope_bwd(grad_q_out, grad_k_out, cos, sin, sec, section_layout == "hf", None)
     grad_q.copy_(gq)
     grad_k.copy_(gk)

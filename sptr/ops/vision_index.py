@@ -9,7 +9,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401
 
-from ._checks import check_tensor
+from ._checks import FLOATING, ValueChecks, check_tensor
 
 _ops = torch.ops.sptr
 
@@ -40,6 +40,42 @@ def _as_seconds(second_per_grid_ts, device):
     return torch.tensor(list(second_per_grid_ts), dtype=torch.float32, device=device)
 
 
+def _check_rope_index_values(input_ids, image_grid_thw, video_grid_thw, attention_mask, image_token_id,
+                             video_token_id, vision_start_token_id) -> None:
+    """Where transformers 4.49 raises (IndexError, TypeError, a failed cat), raise a ValueError naming the
+    argument: one host sync for all of them, skipped under data_checks(False) and torch.compile."""
+    checks = ValueChecks()
+    for name, grid in (("image_grid_thw", image_grid_thw), ("video_grid_thw", video_grid_thw)):
+        if grid is not None and grid.numel():
+            checks.require(f"{name} must hold positive sizes t, h, w >= 1", (grid > 0).all())
+    kept = torch.ones_like(input_ids, dtype=torch.bool)
+    if attention_mask is not None:
+        checks.require("attention_mask must hold only 0 and 1 (transformers keeps the tokens where it == 1; "
+                       "packed-sequence ids or fractional values are not a padding mask)",
+                       ((attention_mask == 0) | (attention_mask == 1)).all())
+        kept = attention_mask == 1
+    if (image_grid_thw is not None or video_grid_thw is not None) and input_ids.shape[1] > 0:
+        # Each row without its padding, as transformers reads it: kept tokens first, in order.
+        order = torch.sort((~kept).to(torch.int8), dim=1, stable=True).indices
+        ids = input_ids.gather(1, order)
+        length = kept.sum(1, keepdim=True)
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        starts = (ids[:, :-1] == vision_start_token_id) & (pos[None, 1:] < length)
+        for name, grid, token in (("image", image_grid_thw, image_token_id), ("video", video_grid_thw,
+                                                                           video_token_id)):
+            rows = 0 if grid is None else grid.shape[0]
+            blocks = (starts & (ids[:, 1:] == token)).sum()
+            checks.require(f"input_ids holds more {name} blocks (vision start + {name} token) than "
+                           f"{name}_grid_thw has rows ({rows}{', it is None' if grid is None else ''})",
+                           blocks <= rows)
+        last = ids.gather(1, (length - 1).clamp(min=0))
+        checks.require("a row of input_ids ends with vision_start_token_id (no vision token follows it)",
+                       ~((last[:, 0] == vision_start_token_id) & (length[:, 0] > 0)).any())
+        checks.require("input_ids has a row that is all padding (attention_mask all 0) next to vision inputs; "
+                       "transformers cannot position it", (length > 0).all())
+    checks.run()
+
+
 def get_rope_index(input_ids: Tensor, image_grid_thw: Tensor | None, video_grid_thw: Tensor | None,
                    second_per_grid_ts, attention_mask: Tensor | None, spatial_merge_size: int, image_token_id: int,
                    video_token_id: int, vision_start_token_id: int, tokens_per_second: float):
@@ -47,7 +83,15 @@ def get_rope_index(input_ids: Tensor, image_grid_thw: Tensor | None, video_grid_
     ``Qwen2_5_VLForConditionalGeneration.get_rope_index``: padding (any side) stripped through
     ``attention_mask`` (int or bool, 2-D), image/video blocks found from the vision-start token, grid
     counters global over the batch, video time index ``trunc(fl32(fl32(a·sec)·tps))``, masked slots 1.
-    ``second_per_grid_ts``: tensor, list or None (1.0 s). No host synchronisation on CUDA.
+    ``second_per_grid_ts``: tensor, list or None (1.0 s); the time index is computed in the seconds tensor's
+    dtype as transformers does (fp16/bf16 round each product; a list or None: fp32).
+
+    Inputs on which transformers raises raise a ValueError here: grids with a size <= 0, more image or video
+    blocks than grid rows (video tokens with only ``image_grid_thw``), a row ending with the vision-start
+    token, an attention mask with values other than 0 and 1, an all-padding row next to vision inputs. Those
+    checks cost one host sync; under ``sptr.ops.data_checks(False)`` (or torch.compile) they are skipped and
+    the call has no host synchronisation on CUDA. int32 ``input_ids`` (transformers fails to write int64
+    positions into its int32 buffer) give the int64 result transformers computes for the same ids as int64.
     """
     check_tensor("input_ids", input_ids, dim=2)
     if attention_mask is not None:
@@ -58,15 +102,19 @@ def get_rope_index(input_ids: Tensor, image_grid_thw: Tensor | None, video_grid_
     for name, g in (("image_grid_thw", image_grid_thw), ("video_grid_thw", video_grid_thw)):
         if g is not None:
             check_tensor(name, g, dim=2, dtypes=(torch.int32, torch.int64))
+    _check_rope_index_values(input_ids, image_grid_thw, video_grid_thw, attention_mask, image_token_id,
+                             video_token_id, vision_start_token_id)
     return _ops.rope_index(input_ids, image_grid_thw, video_grid_thw, _as_seconds(second_per_grid_ts, input_ids.device),
                            attention_mask, int(spatial_merge_size), int(image_token_id), int(video_token_id),
                            int(vision_start_token_id), float(tokens_per_second))
 
 
 def rot_pos_emb(inv_freq: Tensor, grid_thw: Tensor, spatial_merge_size: int) -> Tensor:
-    """Vision RoPE angles fp32 ``[Σ t·h·w, 2F]`` (h then w, merge-block-major order), bit-identical to the
-    Qwen2.5-VL vision tower's ``rot_pos_emb``. ``h``, ``w`` must be divisible by ``spatial_merge_size``."""
-    check_tensor("inv_freq", inv_freq, dim=1, dtypes=(torch.float32,))
+    """Vision RoPE angles ``[Σ t·h·w, 2F]`` in inv_freq's dtype (h then w, merge-block-major order),
+    bit-identical to the Qwen2.5-VL vision tower's ``rot_pos_emb`` for every floating inv_freq (a model cast
+    with ``.to(torch.bfloat16)`` computes the positions and products in bf16, and so does this).
+    ``h``, ``w`` must be divisible by ``spatial_merge_size``."""
+    check_tensor("inv_freq", inv_freq, dim=1, dtypes=FLOATING)
     check_tensor("grid_thw", grid_thw, dim=2, dtypes=(torch.int32, torch.int64))
     return _ops.vision_rot_pos_emb(inv_freq, grid_thw, int(spatial_merge_size))
 

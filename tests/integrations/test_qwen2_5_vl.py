@@ -53,3 +53,87 @@ def test_apply_to_keeps_outputs_identical():
     assert got_vis[1][1] == torch.unique_consecutive(torch.tensor(want_vis[1][1])).tolist()
     assert torch.equal(got, want)
     assert "get_rope_index" not in model.__dict__
+
+
+def training_step(model, batch, dtype):
+    """One autocast fine-tuning step: loss, every parameter gradient, the parameters after AdamW."""
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with torch.autocast("cpu", dtype=dtype):
+        loss = model(**batch, labels=batch["input_ids"]).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    optimizer.step()
+    return loss.detach(), grads, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_fine_tuning_step_is_bitwise_transformers(dtype):
+    """An fp32 model under autocast: transformers' mRoPE promotes the fp16/bf16 q, k with fp32 cos/sin to fp32;
+    the patched model's loss, all gradients and the updated weights equal the unpatched model's bit for bit."""
+    import copy
+
+    model = tiny_model()
+    patched = qwen2_5_vl.apply_to(copy.deepcopy(model))
+    batch = inputs()
+    want_loss, want_grads, want_params = training_step(model, batch, dtype)
+    got_loss, got_grads, got_params = training_step(patched, batch, dtype)
+    assert torch.equal(got_loss, want_loss)
+    assert got_grads.keys() == want_grads.keys() and len(want_grads) == 57
+    assert [n for n in want_grads if not torch.equal(got_grads[n], want_grads[n])] == []
+    assert all(torch.equal(got_params[n], want_params[n]) for n in want_params)
+
+
+def test_model_cast_to_bfloat16_runs_and_matches():
+    """model.to(torch.bfloat16) casts the vision tower's inv_freq too; the patched tower computes in bf16."""
+    import copy
+
+    model = tiny_model().to(torch.bfloat16)
+    patched = qwen2_5_vl.apply_to(copy.deepcopy(model))
+    batch = inputs()
+    batch["pixel_values"] = batch["pixel_values"].to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(patched(**batch).logits, model(**batch).logits)
+        grid = batch["image_grid_thw"]
+        assert torch.equal(patched.visual.rot_pos_emb(grid), model.visual.rot_pos_emb(grid))
+
+
+def test_patching_is_per_model_instance():
+    """Patching one model leaves another (never patched) on transformers' own functions; restore(model) puts
+    the patched one back."""
+    hf_module = hf.hf
+    model, other = tiny_model(), tiny_model()
+    qwen2_5_vl.apply_to(model)
+    attention = [m for m in model.modules() if "forward" in m.__dict__]
+    assert len(attention) == model.config.num_hidden_layers  # the text attention modules
+    assert hf_module.apply_multimodal_rotary_pos_emb is hf.apply_multimodal_rotary_pos_emb
+    calls = []
+    original = rope_apply = qwen2_5_vl.rope_ops.apply_rotary
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return rope_apply(*args, **kwargs)
+
+    qwen2_5_vl.rope_ops.apply_rotary = counting
+    try:
+        batch = inputs()
+        with torch.no_grad():
+            other(**batch)
+            assert calls == []
+            model(**batch)
+            assert len(calls) == model.config.num_hidden_layers
+            qwen2_5_vl.restore(model)
+            calls.clear()
+            model(**batch)
+            assert calls == []
+    finally:
+        qwen2_5_vl.rope_ops.apply_rotary = original
+    assert not any(name in m.__dict__ for m in model.modules()
+                   for name in ("forward", "get_rope_index", "rot_pos_emb", "get_window_index"))
+
+
+def test_fused_mrope_rejects_squeezed_stream_tables():
+    q = torch.randn(3, 2, 5, 16)
+    streams = torch.randn(3, 5, 16)  # [3, S, D]: would be read as a composed [B = 3, S, D] table
+    with pytest.raises(ValueError, match=r"\[3, B, S, D\] stream tables"):
+        qwen2_5_vl.fused_multimodal_rotary_pos_emb(q, q, streams, streams, [2, 3, 3])

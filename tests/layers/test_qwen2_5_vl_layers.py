@@ -45,7 +45,7 @@ def test_vision_indices_match_the_tower():
 def test_hf5_form_agrees_with_hf449_form_on_well_formed_rows():
     IMG, VS = hf.IMG, hf.VS
     row = [5, VS] + [IMG] * 6 + [7, 8, VS] + [IMG] * 4 + [9]
-    ids = torch.tensor([row, [1] * 4 + row[:-4]])
+    ids = torch.tensor([row, [1] * 4 + row[:9] + [7, 8, 9]])  # the second row: one image block, left padding
     mask = torch.ones_like(ids)
     mask[1, :4] = 0
     ids[1, :4] = 0

@@ -136,3 +136,59 @@ def test_backward_when_only_q_is_used():
     q_out, _ = rope.apply_rotary(q, k, cos, sin, [2, 3, 3])
     q_out.sum().backward()
     assert q.grad is not None and torch.equal(k.grad, torch.zeros_like(k))
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("table_batch", [1, 2])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_promotes_like_transformers_under_autocast(device, dtype, table_batch, transposed):
+    """Autocast hands the mRoPE fp16/bf16 q, k and fp32 cos/sin; the eager expression then promotes to fp32.
+    Output dtype, values, strides, q/k gradients and trainable-table gradients are transformers', bit for bit."""
+    torch.manual_seed(3)
+    B, S, D = 2, 33, 64
+    cos, sin = tables(table_batch, S, D, torch.float32, device)
+    q, k = qk(B, 4, 2, S, D, dtype, device, transposed)
+    runs = []
+    for fn in (hf.apply_multimodal_rotary_pos_emb, rope.apply_rotary):
+        leaves = [t.clone().requires_grad_() for t in (q, k, cos, sin)]
+        outs = fn(*leaves, [8, 12, 12])
+        runs.append((outs, leaves))
+    (want, want_leaves), (got, got_leaves) = runs
+    for w, g in zip(want, got):
+        assert g.dtype == w.dtype == torch.float32 and g.stride() == w.stride() and torch.equal(g, w)
+    upstream = [torch.randn_like(w) for w in want]
+    torch.autograd.backward(list(want), upstream)
+    torch.autograd.backward(list(got), upstream)
+    for name, w, g in zip(["q", "k", "cos", "sin"], want_leaves, got_leaves):
+        assert g.grad.dtype == w.grad.dtype and torch.equal(g.grad, w.grad), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("table_batch", [1, 2])
+def test_trainable_table_gradients_match_transformers(dtype, table_batch):
+    """Table gradients follow autograd's reduction for the eager expression: products in the promoted dtype,
+    one sum over heads (and batch for a batch-1 table), q and k parts added."""
+    torch.manual_seed(4)
+    cos, sin = tables(table_batch, 17, 64, dtype, "cpu")
+    q, k = qk(2, 4, 2, 17, 64, dtype, "cpu", transposed=True)
+    grads = []
+    for fn in (hf.apply_multimodal_rotary_pos_emb, rope.apply_rotary):
+        leaves = [t.clone().requires_grad_() for t in (q, k, cos, sin)]
+        outs = fn(*leaves, [8, 12, 12])
+        torch.autograd.backward(list(outs), [torch.ones_like(o) * 0.37 for o in outs])
+        grads.append([t.grad for t in leaves])
+    for w, g in zip(*grads):
+        assert torch.equal(g, w)
+
+
+def test_section_and_table_shape_errors():
+    cos, sin = tables(1, 4, 16, torch.float32, "cpu")
+    q, k = qk(3, 2, 1, 4, 16, torch.float32, "cpu", transposed=False)
+    with pytest.raises(TypeError, match="mrope_section must hold ints"):
+        rope.apply_rotary(q, k, cos, sin, [2.0, 3.0, 3.0])
+    streams = cos.expand(3, 3, 4, 16)[:, 0]  # [3, S, D]: the stream tables with the batch squeezed out
+    with pytest.raises(ValueError, match="composed .* takes mrope_section=None"):
+        rope.apply_rotary(q, k, streams, streams, [2, 3, 3])
+    with pytest.raises(ValueError, match="composed"):
+        torch.ops.sptr.mrope_fwd(q, k, streams, streams, [2, 3, 3], True)

@@ -152,3 +152,80 @@ def test_opcheck_vision_ops():
                           test_utils=tests)
     torch.library.opcheck(torch.ops.sptr.vision_window_index.default, (torch.tensor([[1, 4, 8]]), 2, 4, 4),
                           test_utils=tests)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("tps", [2, 25])
+def test_video_time_index_in_the_seconds_dtype(device, dtype, tps):
+    """transformers computes arange(t) * seconds * tokens_per_second in the seconds tensor's dtype (a model
+    cast to bf16 feeds bf16 seconds): each product rounds to that dtype before the truncation."""
+    seconds = [0.7, 1 / 3, 0.29, 1.9, 0.51]
+    tokens, grids = [TEXT], []
+    for _ in seconds:
+        tokens += [VS] + [VID] * (40 * 4) + [VE, TEXT]
+        grids.append([40, 2, 8])
+    ids, vid = torch.tensor([tokens]), torch.tensor(grids)
+    sec = torch.tensor(seconds, dtype=dtype)
+    assert_same(ours(ids, vid=vid, sec=sec, device=device, tps=tps), hf.rope_index(ids, None, vid, sec, tps=tps))
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_rot_pos_emb_in_the_dtype_of_inv_freq(device, dtype):
+    """model.to(torch.bfloat16) casts the tower's inv_freq buffer; transformers then makes the positions and
+    their products in bf16, and so must the kernel (positions past 256 round in bf16)."""
+    g = torch.tensor([[1, 18, 18], [2, 6, 300]])
+    tower = hf.vision_tower()
+    tower.rotary_pos_emb = tower.rotary_pos_emb.to(dtype)
+    want = hf.hf.Qwen2_5_VisionTransformerPretrainedModel.rot_pos_emb(tower, g)
+    got = vi.rot_pos_emb(tower.rotary_pos_emb.inv_freq.to(device), g.to(device), 2)
+    assert got.dtype == want.dtype == dtype and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_rope_index_raises_where_transformers_raises(device):
+    body = [TEXT, VS] + [IMG] * 4 + [VE, TEXT]
+    ids, img = torch.tensor([body]), torch.tensor([[1, 4, 4]])
+    cases = [
+        (dict(img=torch.tensor([[1, 0, 4]])), "image_grid_thw must hold positive sizes"),
+        (dict(img=torch.tensor([[-1, 4, 4]])), "image_grid_thw must hold positive sizes"),
+        (dict(ids=torch.tensor([body * 2]), img=img), r"more image blocks .* than image_grid_thw has rows \(1"),
+        (dict(ids=torch.tensor([[TEXT, VS] + [VID] * 4 + [VE]]), img=img),
+         r"more video blocks .* video_grid_thw has rows \(0, it is None"),
+        (dict(ids=torch.tensor([body + [VS]]), img=img), "ends with vision_start_token_id"),
+        (dict(img=img, mask=torch.tensor([[1, 1, 1, 1, 1, 1, 2, 1]])), "attention_mask must hold only 0 and 1"),
+        (dict(img=img, mask=torch.tensor([[1.0, 1, 1, 1, 1, 1, 1, 0.5]])), "attention_mask must hold only 0"),
+        (dict(ids=torch.tensor([body, [TEXT] * 8]), img=img, mask=torch.tensor([[1] * 8, [0] * 8])),
+         "all padding"),
+    ]
+    for case, match in cases:
+        args = dict(ids=ids) | case
+        with pytest.raises(ValueError, match=match):
+            ours(args["ids"], args.get("img"), args.get("vid"), mask=args.get("mask"), device=device)
+        if "mask" in case and "all padding" not in match:
+            continue  # transformers silently drops the tokens whose mask is not == 1; sptr says so instead
+        with pytest.raises(Exception):  # transformers fails on each of the others too
+            hf.rope_index(args["ids"], args.get("img"), args.get("vid"), None, args.get("mask"))
+    # the right-padded row ending with vision start inside its padding is fine (transformers reads the kept tokens)
+    mask = torch.tensor([[1] * 8 + [0]])
+    padded = torch.tensor([body + [VS]])
+    assert_same(ours(padded, img, mask=mask, device=device), hf.rope_index(padded, img, attention_mask=mask))
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_rope_index_int32_ids_give_the_int64_result(device):
+    ids = torch.tensor([[TEXT, VS] + [IMG] * 4 + [VE, TEXT]])
+    img = torch.tensor([[1, 4, 4]])
+    with pytest.raises(RuntimeError):  # transformers cannot write int64 positions into its int32 buffer
+        hf.rope_index(ids.int(), img)
+    assert_same(ours(ids.int(), img, device=device), hf.rope_index(ids, img))
+
+
+def test_rope_index_checks_are_skipped_without_data_checks():
+    from sptr.ops import data_checks
+
+    ids = torch.tensor([[TEXT, VS] + [IMG] * 4 + [VE, TEXT, VS]])
+    with data_checks(False):
+        pos, delta = ours(ids, torch.tensor([[1, 4, 4]]))
+    assert pos.shape == (3, 1, 9) and delta.shape == (1, 1)

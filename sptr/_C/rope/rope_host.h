@@ -20,6 +20,9 @@ inline RopeTables rope_tables(const at::Tensor& x, const at::Tensor& cos, const 
   SPTR_CHECK_TYPE(cos.scalar_type() == sin.scalar_type(), "cos and sin must share a dtype");
   SPTR_CHECK_TYPE(cos.scalar_type() == at::kFloat || cos.scalar_type() == x.scalar_type(),
                    "cos/sin must be float32 or the dtype of q, ", x.scalar_type(), ", got ", cos.scalar_type());
+  SPTR_CHECK_VALUE(cos.dim() == 3 ? section.empty() : true,
+                    "composed [B, S, D] cos/sin take no mrope_section (got ", section,
+                    "); [3, B, S, D] stream tables are 4-D");
   SPTR_CHECK_SAME_DEVICE(cos, x);
   const int64_t B = x.size(0), S = x.size(2), D = x.size(3);
   RopeTables t;
@@ -60,15 +63,16 @@ inline void check_rope_pair(const at::Tensor& q, const at::Tensor& k) {
                     "q and k must share B, S and D, got ", q.sizes(), " and ", k.sizes());
 }
 
-template <typename T, typename C>
-RopeArgs<T, C> rope_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_out, const at::Tensor& k_out,
-                         const RopeTables& t, at::IntArrayRef section, bool hf_layout, bool backward) {
-  RopeArgs<T, C> a;
+template <typename T, typename C, typename O = T, typename R = T>
+RopeArgs<T, C, O, R> rope_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_out,
+                               const at::Tensor& k_out, const RopeTables& t, at::IntArrayRef section, bool hf_layout,
+                               bool backward) {
+  RopeArgs<T, C, O, R> a;
   const at::Tensor* xs[2] = {&q, &k};
   const at::Tensor* os[2] = {&q_out, &k_out};
   for (int n = 0; n < 2; ++n) {
     a.x[n] = xs[n]->const_data_ptr<T>();
-    a.out[n] = os[n]->mutable_data_ptr<T>();
+    a.out[n] = os[n]->mutable_data_ptr<O>();
     a.heads[n] = xs[n]->size(1);
     for (int i = 0; i < 4; ++i) {
       a.x_stride[n][i] = xs[n]->stride(i);
@@ -96,14 +100,15 @@ inline bool aligned_rows(const void* ptr, const int64_t* strides, int ndims, int
   return true;
 }
 
-// Pairs per work item: 16 bytes of x when every row of every operand is unit-stride and 16-byte aligned,
-// else 1. Sets whether cos/sin rows also allow the wide loads.
-template <typename T, typename C>
-int rope_vector_width(RopeArgs<T, C>& a) {
+// Pairs per work item: 16 bytes of x when every row of every operand is unit-stride and aligned to its V
+// elements, else 1. Sets whether cos/sin rows also allow the wide loads.
+template <typename T, typename C, typename O, typename R>
+int rope_vector_width(RopeArgs<T, C, O, R>& a) {
   const int64_t V = 16 / static_cast<int64_t>(sizeof(T));
   if (V <= 1 || (a.D / 2) % V) return 1;
   for (int n = 0; n < 2; ++n)
-    if (!aligned_rows(a.x[n], a.x_stride[n], 4, V, 16) || !aligned_rows(a.out[n], a.out_stride[n], 4, V, 16))
+    if (!aligned_rows(a.x[n], a.x_stride[n], 4, V, 16) ||
+        !aligned_rows(a.out[n], a.out_stride[n], 4, V, V * sizeof(O)))
       return 1;
   a.table_vector = aligned_rows(a.cos, a.cs_stride, 4, V, V * sizeof(C)) &&
                    aligned_rows(a.sin, a.cs_stride, 4, V, V * sizeof(C));
@@ -119,14 +124,38 @@ inline RopeTables uniform_strides(RopeTables t) {
   return t;
 }
 
+// The promoted pairs (x, out): fp16/bf16 x with fp32 tables and out, or the fp32 gradient with an fp16/bf16
+// input gradient; tables kept in fp32.
+template <class Device, typename X, typename O>
+bool launch_promoted(const at::Tensor& q, const at::Tensor& k, const at::Tensor& q_out, const at::Tensor& k_out,
+                     const RopeTables& t, at::IntArrayRef section, bool hf_layout, bool backward) {
+  if (q.scalar_type() != c10::CppTypeToScalarType<X>::value || q_out.scalar_type() != c10::CppTypeToScalarType<O>::value)
+    return false;
+  Device::launch(rope_args<X, float, O, float>(q, k, q_out, k_out, t, section, hf_layout, backward));
+  return true;
+}
+
 // The four mRoPE ops, written once; `Device::launch(args)` runs rope_item over every (b, s, head, pair group).
-// Strides are passed to the kernels, so transposed [B, S, H, D] views are used without copies.
+// Strides are passed to the kernels, so transposed [B, S, H, D] views are used without copies. Outputs of
+// another dtype than x select the promoted arithmetic (fp32 tables only).
 template <class Device>
 void rope_rotate(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                  at::IntArrayRef section, bool hf_layout, bool backward, const at::Tensor& q_out,
                  const at::Tensor& k_out) {
   check_rope_pair(q, k);
   const RopeTables t = uniform_strides(rope_tables(q, cos, sin, section));
+  if (q_out.scalar_type() != q.scalar_type()) {
+    SPTR_CHECK_TYPE(t.cos.scalar_type() == at::kFloat, "promoted mRoPE needs float32 cos/sin, got ",
+                     t.cos.scalar_type());
+    const bool done =
+        launch_promoted<Device, at::Half, float>(q, k, q_out, k_out, t, section, hf_layout, backward) ||
+        launch_promoted<Device, at::BFloat16, float>(q, k, q_out, k_out, t, section, hf_layout, backward) ||
+        launch_promoted<Device, float, at::Half>(q, k, q_out, k_out, t, section, hf_layout, backward) ||
+        launch_promoted<Device, float, at::BFloat16>(q, k, q_out, k_out, t, section, hf_layout, backward);
+    SPTR_CHECK_TYPE(done, "promoted mRoPE maps float16/bfloat16 to float32 (or back for the gradient), got ",
+                     q.scalar_type(), " -> ", q_out.scalar_type());
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "mrope", [&] {
     if (t.cos.scalar_type() == q.scalar_type())
       Device::launch(rope_args<scalar_t, scalar_t>(q, k, q_out, k_out, t, section, hf_layout, backward));
@@ -143,10 +172,20 @@ inline void check_rope_out(const at::Tensor& out, const at::Tensor& x, const cha
   at::assert_no_overlap(out, x);
 }
 
+// Outputs keep x's memory layout (as the eager expression's TensorIterator does), in `dtype` if given.
+inline at::Tensor rope_output_like(const at::Tensor& x, std::optional<at::ScalarType> dtype) {
+  return at::empty_like(x, x.options().dtype(dtype.value_or(x.scalar_type())));
+}
+
+// promote: fp16/bf16 q, k with fp32 cos/sin give fp32 results computed from the unrounded tables (PyTorch's
+// type promotion of `q * cos`); otherwise the tables are cast to q's dtype.
 template <class Device>
 std::tuple<at::Tensor, at::Tensor> mrope_fwd_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
-                                                  const at::Tensor& sin, at::IntArrayRef section, bool hf_layout) {
-  auto q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(k.sizes(), k.options());
+                                                  const at::Tensor& sin, at::IntArrayRef section, bool hf_layout,
+                                                  bool promote) {
+  std::optional<at::ScalarType> dtype;
+  if (promote) dtype = at::promote_types(q.scalar_type(), cos.scalar_type());
+  auto q_out = rope_output_like(q, dtype), k_out = rope_output_like(k, dtype);
   rope_rotate<Device>(q, k, cos, sin, section, hf_layout, false, q_out, k_out);
   return {q_out, k_out};
 }
@@ -168,11 +207,13 @@ void mrope_inplace_impl(const at::Tensor& q, const at::Tensor& k, const at::Tens
   rope_rotate<Device>(q, k, cos, sin, section, hf_layout, false, q, k);
 }
 
+// input_dtype: the dtype of the forward's q, k when it was promoted (the gradient is then fp32).
 template <class Device>
 std::tuple<at::Tensor, at::Tensor> mrope_bwd_impl(const at::Tensor& grad_q, const at::Tensor& grad_k,
                                                   const at::Tensor& cos, const at::Tensor& sin,
-                                                  at::IntArrayRef section, bool hf_layout) {
-  auto gq = at::empty(grad_q.sizes(), grad_q.options()), gk = at::empty(grad_k.sizes(), grad_k.options());
+                                                  at::IntArrayRef section, bool hf_layout,
+                                                  std::optional<at::ScalarType> input_dtype) {
+  auto gq = rope_output_like(grad_q, input_dtype), gk = rope_output_like(grad_k, input_dtype);
   rope_rotate<Device>(grad_q, grad_k, cos, sin, section, hf_layout, true, gq, gk);
   return {gq, gk};
 }

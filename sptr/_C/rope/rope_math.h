@@ -5,6 +5,10 @@
 // eager expression `x * cos + rotate_half(x) * sin` evaluated in x's dtype: each product and the sum are
 // rounded to T (fp32 products of fp16/bf16 operands are exact, so this equals PyTorch's own rounding), with
 // no fused multiply-add. The backward is the matching transpose, rounded the way autograd rounds it.
+//
+// Two roundings of the tables: R = T casts cos/sin to x's dtype first (transformers' low-precision models);
+// R = float keeps fp32 tables as they are, for type promotion (autocast: fp16/bf16 x with fp32 tables gives an
+// fp32 result, O = float; its backward takes the fp32 gradient and rounds each product to x's dtype, O = T).
 #pragma once
 #include <ATen/OpMathType.h>
 #include <type_traits>
@@ -14,10 +18,12 @@ namespace sptr {
 
 // Both operands (0: q, 1: k) of one call. Work item = (b, s, group of V rotation pairs): it loads cos/sin of
 // its pairs once and rotates them for every q and k head.
-template <typename T, typename C>
+template <typename T, typename C, typename O = T, typename R = T>
 struct RopeArgs {
+  using Out = O;
+  using TableRound = R;
   const T* x[2] = {nullptr, nullptr};
-  T* out[2] = {nullptr, nullptr};
+  O* out[2] = {nullptr, nullptr};
   int64_t x_stride[2][4] = {};    // [B, H, S, D]
   int64_t out_stride[2][4] = {};
   int64_t heads[2] = {0, 0};
@@ -51,8 +57,8 @@ SPTR_HD A add_rn(A a, A b) {
 #endif
 }
 
-template <typename T, typename C>
-SPTR_HD int64_t rope_stream(const RopeArgs<T, C>& p, int64_t d) {
+template <class Args>
+SPTR_HD int64_t rope_stream(const Args& p, int64_t d) {
   if (p.composed) return 0;
   const int64_t j = p.hf_layout ? d % (p.D / 2) : d / 2;  // Wall-X: doubled sections over contiguous dims
   return j < p.c1 ? 0 : (j < p.c2 ? 1 : 2);
@@ -69,24 +75,25 @@ struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
-// cos or sin of dims [d, d + V) at row offset `cb`, rounded to T: one vector load when the V dims share a
+// cos or sin of dims [d, d + V) at row offset `cb`, rounded to R: one vector load when the V dims share a
 // stream and the table allows it, else per-element loads.
-template <int V, typename T, typename C, typename A>
-SPTR_HD void load_table(const RopeArgs<T, C>& p, const C* table, int64_t cb, int64_t d, A (&out)[V]) {
+template <int V, typename T, typename C, typename O, typename R, typename A>
+SPTR_HD void load_table(const RopeArgs<T, C, O, R>& p, const C* table, int64_t cb, int64_t d, A (&out)[V]) {
   const int64_t first = rope_stream(p, d);
   if (V > 1 && p.table_vector && first == rope_stream(p, d + V - 1)) {
     const Pack<C, V> pk = *reinterpret_cast<const Pack<C, V>*>(table + first * p.cs_stride[0] + cb + d);
-    for (int v = 0; v < V; ++v) out[v] = round_to<T>(A(pk.v[v]));
+    for (int v = 0; v < V; ++v) out[v] = round_to<R>(A(pk.v[v]));
     return;
   }
   for (int v = 0; v < V; ++v)
-    out[v] = round_to<T>(A(table[rope_stream(p, d + v) * p.cs_stride[0] + cb + (d + v) * p.cs_stride[3]]));
+    out[v] = round_to<R>(A(table[rope_stream(p, d + v) * p.cs_stride[0] + cb + (d + v) * p.cs_stride[3]]));
 }
 
-// Rotates pairs [j0, j0 + V) of head h of operand t (0: q, 1: k) at position (b, s).
-// cos/sin take part in x's dtype, as in transformers (which casts the tables to the activation dtype).
-template <int V, typename T, typename C, typename A = at::opmath_type<T>>
-SPTR_HD void rope_group(const RopeArgs<T, C>& p, int64_t b, int64_t s, int t, int64_t h, int64_t j0) {
+// Rotates pairs [j0, j0 + V) of head h of operand t (0: q, 1: k) at position (b, s). Products and the sum are
+// rounded to the output dtype O (x's dtype, or the promoted one).
+template <int V, typename T, typename C, typename O, typename R>
+SPTR_HD void rope_group(const RopeArgs<T, C, O, R>& p, int64_t b, int64_t s, int t, int64_t h, int64_t j0) {
+  using A = at::opmath_type<T>;
   const int64_t half = p.D / 2;
   const int64_t cb = b * p.cs_stride[1] + s * p.cs_stride[2];
   A c0[V], s0[V], c1[V], s1[V];
@@ -97,7 +104,7 @@ SPTR_HD void rope_group(const RopeArgs<T, C>& p, int64_t b, int64_t s, int t, in
   const int64_t* xs = p.x_stride[t];
   const int64_t* os = p.out_stride[t];
   const T* x = p.x[t] + b * xs[0] + h * xs[1] + s * xs[2];
-  T* out = p.out[t] + b * os[0] + h * os[1] + s * os[2];
+  O* out = p.out[t] + b * os[0] + h * os[1] + s * os[2];
   Pack<T, V> lo, hi;
   if (V > 1) {
     lo = *reinterpret_cast<const Pack<T, V>*>(x + j0);
@@ -106,31 +113,32 @@ SPTR_HD void rope_group(const RopeArgs<T, C>& p, int64_t b, int64_t s, int t, in
     lo.v[0] = x[j0 * xs[3]];
     hi.v[0] = x[(j0 + half) * xs[3]];
   }
+  Pack<O, V> olo, ohi;
   for (int v = 0; v < V; ++v) {
     const A a = A(lo.v[v]), z = A(hi.v[v]);
     A o0, o1;
     if (!p.backward) {  // out = x*cos + rotate_half(x)*sin, rotate_half(x) = (-x2, x1)
-      o0 = add_rn(round_to<T>(mul_rn(a, c0[v])), round_to<T>(mul_rn(-z, s0[v])));
-      o1 = add_rn(round_to<T>(mul_rn(z, c1[v])), round_to<T>(mul_rn(a, s1[v])));
+      o0 = add_rn(round_to<O>(mul_rn(a, c0[v])), round_to<O>(mul_rn(-z, s0[v])));
+      o1 = add_rn(round_to<O>(mul_rn(z, c1[v])), round_to<O>(mul_rn(a, s1[v])));
     } else {            // gx = g*cos + rotate_half^T(g*sin), rotate_half^T(y) = (y2, -y1)
-      o0 = add_rn(round_to<T>(mul_rn(a, c0[v])), round_to<T>(mul_rn(z, s1[v])));
-      o1 = add_rn(round_to<T>(mul_rn(z, c1[v])), -round_to<T>(mul_rn(a, s0[v])));
+      o0 = add_rn(round_to<O>(mul_rn(a, c0[v])), round_to<O>(mul_rn(z, s1[v])));
+      o1 = add_rn(round_to<O>(mul_rn(z, c1[v])), -round_to<O>(mul_rn(a, s0[v])));
     }
-    lo.v[v] = static_cast<T>(o0);
-    hi.v[v] = static_cast<T>(o1);
+    olo.v[v] = static_cast<O>(o0);
+    ohi.v[v] = static_cast<O>(o1);
   }
   if (V > 1) {
-    *reinterpret_cast<Pack<T, V>*>(out + j0) = lo;
-    *reinterpret_cast<Pack<T, V>*>(out + j0 + half) = hi;
+    *reinterpret_cast<Pack<O, V>*>(out + j0) = olo;
+    *reinterpret_cast<Pack<O, V>*>(out + j0 + half) = ohi;
   } else {
-    out[j0 * os[3]] = lo.v[0];
-    out[(j0 + half) * os[3]] = hi.v[0];
+    out[j0 * os[3]] = olo.v[0];
+    out[(j0 + half) * os[3]] = ohi.v[0];
   }
 }
 
 // Work item e of the flat (b, s, head over q then k, pair group) space, pair groups fastest (coalesced).
-template <int V, typename T, typename C>
-SPTR_HD void rope_item(const RopeArgs<T, C>& p, int64_t e) {
+template <int V, class Args>
+SPTR_HD void rope_item(const Args& p, int64_t e) {
   const int64_t groups = p.D / 2 / V, heads = p.heads[0] + p.heads[1];
   const int64_t g = e % groups, r = e / groups, hh = r % heads, bs = r / heads;
   const int t = hh < p.heads[0] ? 0 : 1;

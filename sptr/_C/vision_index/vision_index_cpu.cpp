@@ -11,19 +11,21 @@ at::Tensor vision_rot_pos_emb_cpu(const at::Tensor& inv_freq, const at::Tensor& 
   const int64_t F = inv_freq.size(0);
   auto freq = inv_freq.contiguous();
   auto out = at::empty({t.tokens, 2 * F}, inv_freq.options());
-  const float* fr = freq.const_data_ptr<float>();
-  float* o = out.mutable_data_ptr<float>();
-  at::parallel_for(0, t.tokens, 1024, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      const int64_t* g = t.row(find_grid(t.rows.const_data_ptr<int64_t>(), t.n, kTokenBase, p));
-      const int64_t h = g[kHm] * merge, w = g[kWm] * merge;
-      int64_t hp, wp;
-      vision_patch_position((p - g[kTokenBase]) % (h * w), w, merge, hp, wp);
-      for (int64_t j = 0; j < F; ++j) {
-        o[p * 2 * F + j] = static_cast<float>(hp) * fr[j];
-        o[p * 2 * F + F + j] = static_cast<float>(wp) * fr[j];
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, inv_freq.scalar_type(), "rot_pos_emb", [&] {
+    const scalar_t* fr = freq.const_data_ptr<scalar_t>();
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, t.tokens, 1024, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const int64_t* g = t.row(find_grid(t.rows.const_data_ptr<int64_t>(), t.n, kTokenBase, p));
+        const int64_t h = g[kHm] * merge, w = g[kWm] * merge;
+        int64_t hp, wp;
+        vision_patch_position((p - g[kTokenBase]) % (h * w), w, merge, hp, wp);
+        for (int64_t j = 0; j < F; ++j) {
+          o[p * 2 * F + j] = rotary_angle(hp, fr[j]);
+          o[p * 2 * F + F + j] = rotary_angle(wp, fr[j]);
+        }
       }
-    }
+    });
   });
   return out;
 }

@@ -13,16 +13,17 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void rot_pos_emb_kernel(const int64_t* grids, int64_t n, int64_t merge, const float* inv_freq, int64_t F,
-                                   int64_t tokens, float* out) {
+template <typename T>
+__global__ void rot_pos_emb_kernel(const int64_t* grids, int64_t n, int64_t merge, const T* inv_freq, int64_t F,
+                                   int64_t tokens, T* out) {
   SPTR_GRID_STRIDE(e, tokens * F) {
     const int64_t p = e / F, j = e % F;
     const int64_t* g = grids + find_grid(grids, n, kTokenBase, p) * kGridColumns;
     const int64_t h = g[kHm] * merge, w = g[kWm] * merge;
     int64_t hp, wp;
     vision_patch_position((p - g[kTokenBase]) % (h * w), w, merge, hp, wp);
-    out[p * 2 * F + j] = __fmul_rn(static_cast<float>(hp), inv_freq[j]);
-    out[p * 2 * F + F + j] = __fmul_rn(static_cast<float>(wp), inv_freq[j]);
+    out[p * 2 * F + j] = rotary_angle(hp, inv_freq[j]);
+    out[p * 2 * F + F + j] = rotary_angle(wp, inv_freq[j]);
   }
 }
 
@@ -137,10 +138,12 @@ at::Tensor vision_rot_pos_emb_cuda(const at::Tensor& inv_freq, const at::Tensor&
   if (out.numel() == 0) return out;
   auto rows = device_table(t, inv_freq.device());
   auto freq = inv_freq.contiguous();
-  rot_pos_emb_kernel<<<grid_for(t.tokens * F, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-      rows.const_data_ptr<int64_t>(), t.n, merge, freq.const_data_ptr<float>(), F, t.tokens,
-      out.mutable_data_ptr<float>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, inv_freq.scalar_type(), "rot_pos_emb", [&] {
+    rot_pos_emb_kernel<scalar_t><<<grid_for(t.tokens * F, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        rows.const_data_ptr<int64_t>(), t.n, merge, freq.const_data_ptr<scalar_t>(), F, t.tokens,
+        out.mutable_data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
   return out;
 }
 

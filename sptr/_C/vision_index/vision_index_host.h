@@ -50,7 +50,7 @@ inline GridTable grid_table(const at::Tensor& grid_thw, int64_t merge, int64_t w
 
 inline void check_inv_freq(const at::Tensor& inv_freq) {
   SPTR_CHECK_VALUE(inv_freq.dim() == 1, "inv_freq must be 1-D, got shape ", inv_freq.sizes());
-  SPTR_CHECK_TYPE(inv_freq.scalar_type() == at::kFloat, "inv_freq must be float32, got ", inv_freq.scalar_type());
+  SPTR_CHECK_FLOATING(inv_freq);
 }
 
 // Grids, seconds and config of rope_index, on the inputs' device.
@@ -91,7 +91,7 @@ inline RopeIndexInputs rope_index_inputs(const at::Tensor& input_ids, const std:
   auto& c = in.cfg;
   c = RopeIndexConfig{merge, image_token, video_token, vision_start, static_cast<float>(tokens_per_second),
                       static_cast<double>(static_cast<float>(tokens_per_second)), nullptr, 0, nullptr, 0, nullptr,
-                      nullptr};
+                      nullptr, kSecondsFloat};
   if (in.image_grid.defined()) {
     c.image_grid = in.image_grid.const_data_ptr<int64_t>();
     c.n_image = in.image_grid.size(0);
@@ -110,9 +110,11 @@ inline RopeIndexInputs rope_index_inputs(const at::Tensor& input_ids, const std:
       in.sec = s.to(input_ids.device()).contiguous();
       c.sec64 = in.sec.const_data_ptr<double>();
       c.tps64 = tokens_per_second;
-    } else {
+    } else {  // float16/bfloat16 values are exact in float32; the arithmetic stays in their dtype
       in.sec = s.to(input_ids.device(), at::kFloat).contiguous();
       c.sec32 = in.sec.const_data_ptr<float>();
+      c.sec_dtype = s.scalar_type() == at::kHalf ? kSecondsHalf
+                    : s.scalar_type() == at::kBFloat16 ? kSecondsBFloat16 : kSecondsFloat;
     }
   }
   return in;

@@ -1,5 +1,8 @@
 // Qwen2.5-VL index math (transformers 4.49 semantics), shared by the CPU loops and the CUDA kernels.
 #pragma once
+#include <ATen/OpMathType.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <sptr/views.h>
 
 #include <cmath>
@@ -26,6 +29,15 @@ SPTR_HD void vision_patch_position(int64_t q, int64_t w, int64_t m, int64_t& hp,
   const int64_t bi = q / (m * m), r = q % (m * m), bw = w / m;
   hp = (bi / bw) * m + r / m;
   wp = (bi % bw) * m + r % m;
+}
+
+// One rot_pos_emb angle as the tower computes it in inv_freq's dtype T: torch.arange(n, dtype=T) rounds the
+// position to T, torch.outer rounds the product (computed in T's opmath type) to T.
+template <typename T>
+SPTR_HD T rotary_angle(int64_t pos, T inv_freq) {
+  using A = at::opmath_type<T>;
+  const A p = static_cast<A>(static_cast<T>(static_cast<A>(pos)));
+  return static_cast<T>(p * static_cast<A>(inv_freq));
 }
 
 // Window layout of merged token (f, r, c): output slot of the token in window order.
@@ -55,9 +67,21 @@ struct RopeIndexConfig {
   int64_t n_image;
   const int64_t* video_grid;
   int64_t n_video;
-  const float* sec32;         // seconds per video grid, float32 ...
+  const float* sec32;         // seconds per video grid (float32, or float16/bfloat16 values widened) ...
   const double* sec64;        // ... or float64 (HF then computes the time index in float64); both null: 1.0
+  int sec_dtype;              // SecondsDtype of sec32: the dtype HF computes the time index in
 };
+
+enum SecondsDtype { kSecondsFloat = 0, kSecondsHalf, kSecondsBFloat16 };
+
+// HF's `arange(T) * second_per_grid_t * tokens_per_second` with a 0-d seconds tensor of dtype X: the integer
+// is cast to X, each product is computed in float and rounded to X.
+template <typename X>
+SPTR_HD int64_t low_precision_time(int64_t a, float sec, float tps) {
+  const float ax = static_cast<float>(static_cast<X>(static_cast<float>(a)));
+  const float prod = static_cast<float>(static_cast<X>(ax * sec));
+  return static_cast<int64_t>(::truncf(static_cast<float>(static_cast<X>(prod * tps))));
+}
 
 // One vision block of a row: text [st, e) at positions nxt.., then a T×Hm×Wm grid from compacted index e.
 struct VisionBlock {
@@ -68,6 +92,8 @@ SPTR_HD int64_t temporal_index(const RopeIndexConfig& cfg, int64_t video, int64_
   if (video < 0) return 0;
   if (cfg.sec64) return static_cast<int64_t>(::trunc(static_cast<double>(a) * cfg.sec64[video] * cfg.tps64));
   const float sec = cfg.sec32 ? cfg.sec32[video] : 1.0f;
+  if (cfg.sec32 && cfg.sec_dtype == kSecondsHalf) return low_precision_time<c10::Half>(a, sec, cfg.tps32);
+  if (cfg.sec32 && cfg.sec_dtype == kSecondsBFloat16) return low_precision_time<c10::BFloat16>(a, sec, cfg.tps32);
   const float prod = static_cast<float>(a) * sec;  // rounded to float32 before the second product, as HF
   return static_cast<int64_t>(::truncf(prod * cfg.tps32));
 }
