@@ -17,19 +17,10 @@ import time
 import torch
 from tqdm import tqdm
 
-from sptr.data import collate_scans, lidar_scan, voxelize_scan
-from sptr.models.sphereformer import SphereFormerUNet, load_pretrained, sparse_input
+from sptr.data import lidar_scan
+from sptr.models.sphereformer import SphereFormerUNet, load_pretrained, training_batch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def training_batch(cfg, scans, generator, device):
-    """SphereFormer's training input: random-point voxelisation, then the voxel grid shifted by 0 or 1."""
-    voxels = [voxelize_scan(points, cfg.voxel_size, cfg.pc_range, mode="random", labels=labels,
-                            generator=generator) for points, labels in scans]
-    feats, coords, xyz, batch, labels = (t.to(device) for t in collate_scans(voxels))
-    coords = coords + (torch.rand(3, generator=generator) * 2).long().to(device)
-    return sparse_input(feats, coords, batch, len(scans)), xyz, batch, labels
 
 
 def save(path, model, optimizer, scaler, step):

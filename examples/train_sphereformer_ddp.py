@@ -1,0 +1,143 @@
+"""Train the SphereFormer U-Net on several GPUs (or CPU processes) with DistributedDataParallel, as SphereFormer does.
+
+    torchrun --nproc_per_node 2 examples/train_sphereformer_ddp.py [--steps 20] [--checkpoint released.pth]
+    torchrun --nproc_per_node 2 examples/train_sphereformer_ddp.py --resume sphereformer_ddp.pth
+
+NCCL on GPUs (one per process), gloo on CPU. SyncBatchNorm across ranks (sptr's, which is PyTorch's on CUDA and
+also runs on CPU), a DistributedSampler over a pool of synthetic scans of varying size, the loss averaged over
+every rank's points (not rank by rank), autocast (fp16 with a GradScaler on CUDA, bf16 on CPU), gradient
+clipping, a tqdm bar and checkpoints on rank 0. Checkpoints hold the DDP model's ``module.`` keys, as the
+released ones, and load into a single-process model with ``load_pretrained``. A plain ``python`` run trains
+in one process.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler
+from tqdm import tqdm
+
+from sptr.data import lidar_scan
+from sptr.integrations.distributed import convert_sync_batchnorm, global_mean, init_from_torchrun
+from sptr.models.sphereformer import SphereFormerUNet, SphereFormerUNetConfig, load_pretrained, training_batch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = dict(channels=(32, 64), sphere_layers=(1, 2))  # --small: two levels, for CPU runs and tests
+
+
+def scan_pool(count: int, points: int):
+    """Synthetic labelled scans of 0.6x to 1.4x `points` points (ranks get different amounts of work)."""
+    return [lidar_scan(int(points * (0.6 + 0.8 * i / max(count - 1, 1))), seed=i) for i in range(count)]
+
+
+def save(path, model, optimizer, scaler, step):
+    torch.save({"state_dict": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                "step": step, "config": dataclasses.asdict(model.module.cfg if hasattr(model, "module")
+                                                           else model.cfg)}, path)
+
+
+def build_model(args, device):
+    torch.manual_seed(0)  # identical initial weights on every rank (DDP broadcasts rank 0's anyway)
+    overrides = dict(SMALL) if args.small else {}
+    if args.attention_dtype:
+        overrides["attention_dtype"] = args.attention_dtype
+    model = SphereFormerUNet.from_yaml(args.config, args.checkpoint, **overrides).to(device).train()
+    if dist.is_initialized():  # under torchrun, DDP even in a world of one
+        model = convert_sync_batchnorm(model)
+        # static_graph: every parameter takes part in every step (and grad checkpointing re-enters the graph)
+        model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                        static_graph=True)
+    return model
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=os.path.join(ROOT, "configs", "sphereformer_semantickitti.yaml"))
+    parser.add_argument("--small", action="store_true", help="two levels (C 32/64) instead of the published five")
+    parser.add_argument("--checkpoint", help="released or saved weights to start from (random init if omitted)")
+    parser.add_argument("--resume", help="a checkpoint written by this script: weights, optimizer, step")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--scans", type=int, default=16, help="scans in the synthetic pool")
+    parser.add_argument("--points", type=int, default=20000, help="mean points per synthetic scan")
+    parser.add_argument("--batch-size", type=int, default=2, help="scans per rank and step")
+    parser.add_argument("--lr", type=float, default=0.006)
+    parser.add_argument("--weight-decay", type=float, default=0.02)
+    parser.add_argument("--clip", type=float, default=10.0, help="max gradient norm (0: no clipping)")
+    parser.add_argument("--amp", choices=["fp16", "bf16", "none"], help="default: fp16 on CUDA, bf16 on CPU")
+    parser.add_argument("--attention-dtype", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--output", default="sphereformer_ddp.pth")
+    parser.add_argument("--save-every", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    rank, world, device = init_from_torchrun()
+    model = build_model(args, device)
+    net = model.module if isinstance(model, DistributedDataParallel) else model
+    cfg: SphereFormerUNetConfig = net.cfg
+    optimizer = torch.optim.AdamW(net.param_groups(args.lr, args.weight_decay), lr=args.lr)
+    amp = args.amp or ("fp16" if device.type == "cuda" else "bf16")
+    amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "none": None}[amp]
+    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
+    start = 0
+    if args.resume:
+        state = torch.load(args.resume, map_location="cpu", weights_only=True)
+        load_pretrained(model, state["state_dict"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        start = state["step"]
+
+    pool = scan_pool(args.scans, args.points)
+    sampler = DistributedSampler(range(len(pool)), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    generator = torch.Generator().manual_seed(1000 * rank + start)
+    order, epoch, losses = [], 0, []
+    points_seen, tic = 0.0, time.perf_counter()
+    bar = tqdm(range(start, start + args.steps), desc=f"ddp x{world}", unit="step", disable=rank != 0)
+    for step in bar:
+        while len(order) < args.batch_size:  # the sampler's epochs, one after another
+            sampler.set_epoch(epoch)
+            order += list(sampler)
+            epoch += 1
+        scans = [pool[i] for i in order[:args.batch_size]]
+        order = order[args.batch_size:]
+        x, xyz, batch, labels = training_batch(cfg, scans, generator, device)
+        with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
+            logits = model(x, xyz, batch)
+        valid = labels != cfg.ignore_label
+        total = torch.nn.functional.cross_entropy(logits.float(), labels, ignore_index=cfg.ignore_label,
+                                                  reduction="sum")
+        loss = global_mean(total, valid.sum())
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        if args.clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        scaler.step(optimizer)
+        scaler.update()
+        # every rank's points and the global-mean loss (DDP averages the scaled per-rank losses)
+        progress = torch.stack([torch.tensor(float(labels.numel()), device=device), loss.detach() / world])
+        if dist.is_initialized():
+            dist.all_reduce(progress)
+        points, reported = progress.tolist()
+        points_seen += points
+        losses.append(reported)
+        bar.set_postfix(loss=f"{reported:.3f}", points_per_s=f"{points_seen / (time.perf_counter() - tic):,.0f}")
+        if args.save_every and (step + 1) % args.save_every == 0 and rank == 0:
+            save(args.output, model, optimizer, scaler, step + 1)
+    if rank == 0:
+        save(args.output, model, optimizer, scaler, start + args.steps)
+        print(f"{world} process(es) on {device.type}: loss {losses[0]:.3f} -> {losses[-1]:.3f} over {args.steps} "
+              f"steps, {points_seen / (time.perf_counter() - tic):,.0f} points/s ({amp}); "
+              f"checkpoint {args.output}")
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return losses
+
+
+if __name__ == "__main__":
+    main()
