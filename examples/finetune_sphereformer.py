@@ -10,7 +10,6 @@ bar with loss and points/s, a checkpoint every ``--save-every`` steps and at the
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import time
 
@@ -18,14 +17,10 @@ import torch
 from tqdm import tqdm
 
 from sptr.data import lidar_scan
-from sptr.models.sphereformer import SphereFormerUNet, load_pretrained, training_batch
+from sptr.models.sphereformer import (SphereFormerUNet, mixed_precision, resume_training_state, save_training_state,
+                                      training_batch)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def save(path, model, optimizer, scaler, step):
-    torch.save({"state_dict": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict(), "step": step, "config": dataclasses.asdict(model.cfg)}, path)
 
 
 def main(argv=None):
@@ -51,16 +46,8 @@ def main(argv=None):
     cfg = model.cfg
     optimizer = torch.optim.AdamW(model.param_groups(args.lr, args.weight_decay), lr=args.lr)
     device_type = torch.device(args.device).type
-    amp = args.amp or ("fp16" if device_type == "cuda" else "bf16")
-    amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "none": None}[amp]
-    scaler = torch.amp.GradScaler(device_type, enabled=amp == "fp16")
-    start = 0
-    if args.resume:
-        state = torch.load(args.resume, map_location="cpu", weights_only=True)
-        load_pretrained(model, state["state_dict"])
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        start = state["step"]
+    amp, amp_dtype, scaler = mixed_precision(args.amp, device_type)
+    start = resume_training_state(args.resume, model, optimizer, scaler) if args.resume else 0
 
     # A fixed pool of synthetic scans (labels: road, building, car), cycled; each step re-voxelises randomly.
     pool = [lidar_scan(args.points, seed=s) for s in range(4 * args.batch_size)]
@@ -80,8 +67,8 @@ def main(argv=None):
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.3f}", points_per_s=f"{labels.numel() / (time.perf_counter() - tic):,.0f}")
         if args.save_every and (step + 1) % args.save_every == 0:
-            save(args.output, model, optimizer, scaler, step + 1)
-    save(args.output, model, optimizer, scaler, start + args.steps)
+            save_training_state(args.output, model, optimizer, scaler, step + 1)
+    save_training_state(args.output, model, optimizer, scaler, start + args.steps)
     print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {args.steps} steps ({amp}, attention "
           f"{cfg.attention_dtype}); checkpoint {args.output}")
     return losses

@@ -13,7 +13,6 @@ in one process.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import time
 
@@ -25,7 +24,8 @@ from tqdm import tqdm
 
 from sptr.data import lidar_scan
 from sptr.integrations.distributed import convert_sync_batchnorm, global_mean, init_from_torchrun
-from sptr.models.sphereformer import SphereFormerUNet, SphereFormerUNetConfig, load_pretrained, training_batch
+from sptr.models.sphereformer import (SphereFormerUNet, SphereFormerUNetConfig, mixed_precision, resume_training_state,
+                                      save_training_state, training_batch)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(channels=(32, 64), sphere_layers=(1, 2))  # --small: two levels, for CPU runs and tests
@@ -34,12 +34,6 @@ SMALL = dict(channels=(32, 64), sphere_layers=(1, 2))  # --small: two levels, fo
 def scan_pool(count: int, points: int):
     """Synthetic labelled scans of 0.6x to 1.4x `points` points (ranks get different amounts of work)."""
     return [lidar_scan(int(points * (0.6 + 0.8 * i / max(count - 1, 1))), seed=i) for i in range(count)]
-
-
-def save(path, model, optimizer, scaler, step):
-    torch.save({"state_dict": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                "step": step, "config": dataclasses.asdict(model.module.cfg if hasattr(model, "module")
-                                                           else model.cfg)}, path)
 
 
 def build_model(args, device):
@@ -80,16 +74,8 @@ def main(argv=None):
     net = model.module if isinstance(model, DistributedDataParallel) else model
     cfg: SphereFormerUNetConfig = net.cfg
     optimizer = torch.optim.AdamW(net.param_groups(args.lr, args.weight_decay), lr=args.lr)
-    amp = args.amp or ("fp16" if device.type == "cuda" else "bf16")
-    amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "none": None}[amp]
-    scaler = torch.amp.GradScaler(device.type, enabled=amp == "fp16")
-    start = 0
-    if args.resume:
-        state = torch.load(args.resume, map_location="cpu", weights_only=True)
-        load_pretrained(model, state["state_dict"])
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
-        start = state["step"]
+    amp, amp_dtype, scaler = mixed_precision(args.amp, device.type)
+    start = resume_training_state(args.resume, model, optimizer, scaler) if args.resume else 0
 
     pool = scan_pool(args.scans, args.points)
     sampler = DistributedSampler(range(len(pool)), num_replicas=world, rank=rank, shuffle=True, seed=0)
@@ -127,9 +113,9 @@ def main(argv=None):
         losses.append(reported)
         bar.set_postfix(loss=f"{reported:.3f}", points_per_s=f"{points_seen / (time.perf_counter() - tic):,.0f}")
         if args.save_every and (step + 1) % args.save_every == 0 and rank == 0:
-            save(args.output, model, optimizer, scaler, step + 1)
+            save_training_state(args.output, model, optimizer, scaler, step + 1)
     if rank == 0:
-        save(args.output, model, optimizer, scaler, start + args.steps)
+        save_training_state(args.output, model, optimizer, scaler, start + args.steps)
         print(f"{world} process(es) on {device.type}: loss {losses[0]:.3f} -> {losses[-1]:.3f} over {args.steps} "
               f"steps, {points_seen / (time.perf_counter() - tic):,.0f} points/s ({amp}); "
               f"checkpoint {args.output}")

@@ -112,6 +112,10 @@ def init_from_torchrun() -> tuple[int, int, torch.device]:
         return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
     local = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
+        if local >= torch.cuda.device_count():
+            raise RuntimeError(f"torchrun started local rank {local} but only {torch.cuda.device_count()} GPU(s) "
+                               "are visible: use --nproc_per_node <= the GPU count, or CUDA_VISIBLE_DEVICES= to run "
+                               "on the CPU with gloo")
         torch.cuda.set_device(local)
         dist.init_process_group("nccl", device_id=torch.device("cuda", local))
         device = torch.device("cuda", local)

@@ -107,8 +107,6 @@ def compiled_ddp_block_step(rank: int, world: int, port: int, out: str) -> None:
 def fsdp2_moe_step(rank: int, world: int, port: int, out: str) -> None:
     """DualExpertFFN and RoutedExpertFFN sharded with FSDP2 (fully_shard); each rank holds half the tokens.
     Rank 0 saves the unsharded gradients and its outputs."""
-    from torch.distributed.fsdp import fully_shard
-
     from sptr.layers import DualExpertFFN, DualExpertFFNConfig, RoutedExpertFFN, RoutedExpertFFNConfig
 
     init(rank, world, port)
@@ -117,7 +115,7 @@ def fsdp2_moe_step(rank: int, world: int, port: int, out: str) -> None:
                        ("routed", lambda: RoutedExpertFFN(RoutedExpertFFNConfig(hidden=16, intermediate=12,
                                                                                 num_experts=4, top_k=2)))):
         torch.manual_seed(0)
-        layer = fully_shard(make())
+        layer = shard(make())
         x, index = moe_tokens(rank)
         y = layer(x, index) if name == "dual" else layer(x).hidden_states
         (y.square().sum() / (2 * x.shape[0])).backward()
@@ -127,6 +125,14 @@ def fsdp2_moe_step(rank: int, world: int, port: int, out: str) -> None:
         torch.save(results, out)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def shard(module):
+    """FSDP2 on a CPU mesh (the default mesh takes the GPU when one is present, whatever the module's device)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    return fully_shard(module, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
 
 
 def moe_tokens(part: int):
@@ -140,8 +146,6 @@ def moe_tokens(part: int):
 def fsdp2_qwen_step(rank: int, world: int, port: int, out: str) -> None:
     """A tiny Qwen2.5-VL sharded with FSDP2 (each decoder layer and the root), with and without apply_to: rank
     0 saves both losses and unsharded gradients (each rank holds the same batch)."""
-    from torch.distributed.fsdp import fully_shard
-
     from sptr.integrations import qwen2_5_vl
     from tests.integrations.test_qwen2_5_vl import inputs, tiny_model
 
@@ -152,8 +156,8 @@ def fsdp2_qwen_step(rank: int, world: int, port: int, out: str) -> None:
         if name == "sptr":
             qwen2_5_vl.apply_to(model)
         for layer in model.model.layers:
-            fully_shard(layer)
-        fully_shard(model)
+            shard(layer)
+        shard(model)
         batch = inputs()
         loss = model(**batch, labels=batch["input_ids"]).loss
         loss.backward()

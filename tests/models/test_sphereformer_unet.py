@@ -1,5 +1,4 @@
 """The SphereFormer U-Net: configs, the released checkpoints' keys, loading, spconv on CPU, training, inference."""
-import dataclasses
 import os
 import subprocess
 import sys

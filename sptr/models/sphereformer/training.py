@@ -16,3 +16,35 @@ def training_batch(cfg: SphereFormerUNetConfig, scans, generator: torch.Generato
     feats, coords, xyz, batch, labels = (t.to(device) for t in collate_scans(voxels))
     coords = coords + (torch.rand(3, generator=generator) * 2).long().to(device)
     return sparse_input(feats, coords, batch, len(scans)), xyz, batch, labels
+
+
+AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "none": None}
+
+
+def mixed_precision(amp: str | None, device_type: str):
+    """``(amp, autocast dtype or None, GradScaler)`` for ``amp`` in fp16 / bf16 / none; None picks fp16 (with
+    the scaler) on CUDA and bf16 on CPU."""
+    amp = amp or ("fp16" if device_type == "cuda" else "bf16")
+    if amp not in AMP_DTYPES:
+        raise ValueError(f"amp must be one of {sorted(AMP_DTYPES)}, got {amp!r}")
+    return amp, AMP_DTYPES[amp], torch.amp.GradScaler(device_type, enabled=amp == "fp16")
+
+
+def save_training_state(path: str, model, optimizer, scaler, step: int) -> None:
+    """Weights (as ``model.state_dict()``: a DDP model's keep ``module.``), optimizer, scaler, step, config."""
+    import dataclasses
+
+    net = getattr(model, "module", model)
+    torch.save({"state_dict": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                "step": step, "config": dataclasses.asdict(net.cfg)}, path)
+
+
+def resume_training_state(path: str, model, optimizer, scaler) -> int:
+    """Load what :func:`save_training_state` wrote; returns the step to continue from."""
+    from .checkpoint import load_pretrained
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    load_pretrained(model, state["state_dict"])
+    optimizer.load_state_dict(state["optimizer"])
+    scaler.load_state_dict(state["scaler"])
+    return int(state["step"])
