@@ -3,13 +3,13 @@ the wrong type, naming the key."""
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import types
 import typing
 from typing import Any, Mapping
 
 import numpy as np
+
+from ..ops._checks import is_finite_number, is_int
 
 
 def _type_ok(hint, value) -> bool:
@@ -21,10 +21,9 @@ def _type_ok(hint, value) -> bool:
     if hint is bool:
         return isinstance(value, (bool, np.bool_))
     if hint is int:
-        return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+        return is_int(value)
     if hint is float:
-        return (isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-                and math.isfinite(value))
+        return is_finite_number(value)
     if hint is str:
         return isinstance(value, str)
     if hint is tuple:
@@ -88,7 +87,7 @@ class LayerConfig:
 
 def check_positive(cls_name: str, **values) -> None:
     for name, v in values.items():
-        if not isinstance(v, numbers.Real) or isinstance(v, bool) or not 0 < v < math.inf:
+        if not (is_finite_number(v) and v > 0):
             raise ValueError(f"{cls_name}.{name} must be positive, got {v!r}")
 
 
@@ -96,7 +95,7 @@ def check_sizes(cls_name: str, count: int = 3, **values) -> None:
     """Each value a list of ``count`` finite numbers > 0 (window and quantisation sizes)."""
     for name, v in values.items():
         ok = isinstance(v, (tuple, list, np.ndarray)) and len(v) == count and all(
-            isinstance(x, numbers.Real) and not isinstance(x, bool) and 0 < x < math.inf for x in v)
+            is_finite_number(x) and x > 0 for x in v)
         if not ok:
             raise ValueError(f"{cls_name}.{name} must be {count} finite numbers > 0, got {v!r}")
 

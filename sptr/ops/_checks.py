@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import threading
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
@@ -34,6 +37,16 @@ def data_checks(enabled: bool):
         yield
     finally:
         _STATE.enabled = previous
+
+
+def is_int(v) -> bool:
+    """A Python or numpy integer, not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def is_finite_number(v) -> bool:
+    """A finite Python or numpy real number, not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)
 
 
 def check_tensor(name: str, t, *, dim: int | None = None, dtypes=None, device: torch.device | None = None) -> Tensor:

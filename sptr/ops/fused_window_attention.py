@@ -7,16 +7,14 @@ backward recomputes the attention, so nothing of size ``M = Σ n_w²`` is ever a
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 
 import torch
 from torch import Tensor
 
 import sptr._C  # noqa: F401  (registers torch.ops.sptr)
 
-from ._checks import (FLOATING, INDEX, ValueChecks, autocast_dtype, check_shape, check_tensor,
-                      refuse_double_backward)
+from ._checks import (FLOATING, INDEX, ValueChecks, autocast_dtype, check_shape, check_tensor, is_finite_number,
+                      is_int, refuse_double_backward)
 
 _ops = torch.ops.sptr
 
@@ -106,10 +104,10 @@ def _check_rel_pos(rel_pos: RelativePosition, n: int, h: int, d: int, device, ch
         check_tensor("rel_pos.radius", rel_pos.radius, dim=1, dtypes=FLOATING, device=device)
         check_shape("rel_pos.radius", rel_pos.radius, (n,))
         radial_a = rel_pos.radial_a
-        if not isinstance(radial_a, numbers.Real) or isinstance(radial_a, bool) or not 0 < radial_a < math.inf:
+        if not (is_finite_number(radial_a) and radial_a > 0):
             raise ValueError(f"rel_pos.radial_a must be a finite number > 0 with a radius, got {radial_a!r}")
     shift = rel_pos.rel_shift
-    if not isinstance(shift, numbers.Integral) or isinstance(shift, bool):
+    if not is_int(shift):
         raise TypeError(f"rel_pos.rel_shift must be an int, got {shift!r}")
     shift = int(shift)
     if 2 * shift > length - 1 or shift < 0:
@@ -141,8 +139,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window_offsets: Tensor, *,
     n, h, d = q.shape
     if h < 1 or d < 1:
         raise ValueError(f"q, k and v need at least one head and head_dim >= 1, got shape {tuple(q.shape)}")
-    if scale is not None and (not isinstance(scale, numbers.Real) or isinstance(scale, bool)
-                              or not math.isfinite(scale)):
+    if scale is not None and not is_finite_number(scale):
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
     check_tensor("window_offsets", window_offsets, dim=1, dtypes=INDEX, device=q.device)
     checks = ValueChecks().offsets("window_offsets", window_offsets, n)

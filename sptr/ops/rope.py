@@ -7,7 +7,6 @@ transformers' ``apply_multimodal_rotary_pos_emb`` bit for bit (same rounding in 
 """
 from __future__ import annotations
 
-import numbers
 from typing import Sequence
 
 import torch
@@ -15,7 +14,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, check_tensor, refuse_double_backward
+from ._checks import FLOATING, check_tensor, is_int, refuse_double_backward
 
 _ops = torch.ops.sptr
 LAYOUTS = ("hf", "wallx")
@@ -115,7 +114,7 @@ def _check(q, k, cos, sin, mrope_section, section_layout):
         if mrope_section is None or len(mrope_section) != 3 or sum(mrope_section) != q.shape[-1] // 2:
             raise ValueError(f"mrope_section must be 3 ints summing to head_dim / 2 = {q.shape[-1] // 2}, got "
                              f"{mrope_section}")
-        if any(not isinstance(s, numbers.Integral) or isinstance(s, bool) for s in mrope_section):
+        if not all(is_int(s) for s in mrope_section):
             raise TypeError(f"mrope_section must hold ints (as transformers' split needs), got {mrope_section}")
         return [int(s) for s in mrope_section]
     if cos.dim() != 3:

@@ -38,14 +38,14 @@ def _as_vector(name: str, value, like: Tensor, positive: bool = True) -> Tensor:
     v = torch.as_tensor(to_3d_numpy(value, name) if not isinstance(value, Tensor) else value)
     if not (v.is_floating_point() or v.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)):
         raise TypeError(f"{name} must hold real numbers, got {v.dtype}")
-    v = v.to(like.device, like.dtype).reshape(-1)
+    v = v.reshape(-1)
     if v.numel() != like.shape[1]:
         raise ValueError(f"{name} must have {like.shape[1]} entries, got {v.numel()}")
-    if not torch.compiler.is_compiling():
-        host = v.detach().cpu().double()
+    if not torch.compiler.is_compiling():  # before the copy to like's device: numbers and arrays need no sync
+        host = v.detach().to("cpu", like.dtype).double()  # the values as used, in like's dtype
         if not torch.isfinite(host).all() or (positive and not (host > 0).all()):
             raise ValueError(f"{name} must be {'positive and ' if positive else ''}finite, got {host.tolist()}")
-    return v
+    return v.to(like.device, like.dtype)
 
 
 def check_points(xyz: Tensor, batch: Tensor | None = None, name: str = "xyz") -> None:
@@ -154,8 +154,9 @@ def get_indices_params(xyz: Tensor, batch: Tensor, window_size, shift_win: bool)
 
 def window_partition(xyz: Tensor, batch: Tensor, window_size, shift_win: bool):
     """The same windows as :func:`get_indices_params`, as the fused path wants them: ``(sort_idx,
-    window_offsets)`` with int32 ``window_offsets (W+1)`` delimiting each window in sorted order. No host
-    synchronisation; under torch.compile the window count W is a data-dependent size."""
+    window_offsets)`` with int32 ``window_offsets (W+1)`` delimiting each window in sorted order. The window
+    count W is never read on the host (under torch.compile it is a data-dependent size); the only host sync is
+    the finite-coordinates check, skipped under ``data_checks(False)`` and torch.compile."""
     return _ops.window_sort(_window_cells(xyz, batch, window_size, shift_win))
 
 

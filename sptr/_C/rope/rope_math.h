@@ -20,8 +20,6 @@ namespace sptr {
 // its pairs once and rotates them for every q and k head.
 template <typename T, typename C, typename O = T, typename R = T>
 struct RopeArgs {
-  using Out = O;
-  using TableRound = R;
   const T* x[2] = {nullptr, nullptr};
   O* out[2] = {nullptr, nullptr};
   int64_t x_stride[2][4] = {};    // [B, H, S, D]
