@@ -19,24 +19,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BF16_FLOPS, HBM_BYTES_PER_S, table, time_ms, warm_up_gpu  # noqa: E402
+from common import BF16_FLOPS, HBM_BYTES_PER_S, graph_ms, table, time_ms, warm_up_gpu  # noqa: E402
 
 from sptr.layers import DualExpertFFN, DualExpertFFNConfig  # noqa: E402
 from sptr.ops import moe  # noqa: E402
 from sptr.reference.moe import PlainDualExpertFFN  # noqa: E402
-
-
-def graph_ms(fn, repeat=20):
-    """GPU time of fn replayed from a CUDA graph (no launch overhead)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    return time_ms(graph.replay, repeat=repeat)
 
 
 def torch_permute(x, ids):

@@ -1,8 +1,13 @@
-"""mRoPE and the Qwen2.5-VL index functions on the GPU, against the alternatives a user would pick.
+"""mRoPE, the Qwen2.5-VL index functions and a Qwen2.5-VL training step on the GPU, against the alternatives a
+user would pick.
 
 rope: sptr vs transformers' eager `apply_multimodal_rotary_pos_emb`, the same compiled by Inductor, and Liger's
-Triton kernel (if installed), bf16, q [8,16,768,128], k [8,2,768,128] (spec §11), with the fraction of HBM
-bandwidth. Index functions: sptr's CUDA kernels vs transformers 4.49's Python (if importable).
+Triton kernel (if installed); q [8,16,768,128], k [8,2,768,128] as views of one fused qkv projection (strided,
+GQA), bf16 with every peer, fp16/fp32 and the in-place form for sptr. Each is timed eagerly (CUDA events around
+the Python call: launch and host overhead included) and replayed from a CUDA graph (GPU time alone), with the
+share of the HBM floor. Index functions: sptr's kernels (num_tokens given, data checks off: no host sync) vs
+transformers 4.49's Python. Step: forward + backward of a small random Qwen2.5-VL (bf16, images) with and
+without `sptr.integrations.qwen2_5_vl.apply_to`.
 """
 import os
 import sys
@@ -11,9 +16,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import HBM_BYTES_PER_S, table, time_ms  # noqa: E402
+from common import HBM_BYTES_PER_S, graph_ms, table, time_ms, warm_up_gpu  # noqa: E402
 
-from sptr.ops import rope, vision_index  # noqa: E402
+from sptr.ops import data_checks, rope, vision_index  # noqa: E402
+
+try:
+    from tests.ops import hf_oracle as hf
+except ImportError as exc:
+    print(f"transformers 4.49 oracle unavailable ({exc}): no HF index or model rows")
+    hf = None
 
 
 def hf_eager(q, k, cos, sin, mrope_section, unsqueeze_dim=1):
@@ -29,62 +40,93 @@ def hf_eager(q, k, cos, sin, mrope_section, unsqueeze_dim=1):
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
-def rope_rows():
-    B, Hq, Hk, S, D = 8, 16, 2, 768, 128
-    dt, dev, sec = torch.bfloat16, "cuda", [16, 24, 24]
-    q = torch.randn(B, S, Hq, D, device=dev, dtype=dt).transpose(1, 2)
-    k = torch.randn(B, S, Hk, D, device=dev, dtype=dt).transpose(1, 2)
+def rope_inputs(dt, B=8, Hq=16, Hk=2, S=768, D=128):
+    """q, k as [B, H, S, D] views of one [B, S, Hq + 2 Hk, D] qkv projection; bf16-style cos/sin of q's dtype."""
+    dev = "cuda"
+    qkv = torch.randn(B, S, Hq + 2 * Hk, D, device=dev, dtype=dt)
+    q, k = qkv[:, :, :Hq].transpose(1, 2), qkv[:, :, Hq:Hq + Hk].transpose(1, 2)
     pos = torch.arange(S, device=dev).repeat(3, B, 1) + torch.randint(0, 40, (3, B, S), device=dev)
     inv = 1.0 / 1e6 ** (torch.arange(0, D, 2, device=dev).float() / D)
     emb = torch.cat([pos[..., None].float() * inv] * 2, -1)
-    cos, sin = emb.cos().to(dt), emb.sin().to(dt)
-    gq, gk = torch.randn_like(q), torch.randn_like(k)
-    qk_bytes = 2 * (q.numel() + k.numel()) * q.element_size()
-    table_bytes = 2 * B * S * D * cos.element_size()  # one stream of cos and sin per dim
-    floor_ms = (qk_bytes + table_bytes) / HBM_BYTES_PER_S * 1e3
-    compiled = torch.compile(hf_eager)
-    contenders = {
-        "sptr": lambda a, b: rope.apply_rotary(a, b, cos, sin, sec),
-        "HF eager": lambda a, b: hf_eager(a, b, cos, sin, sec),
-        "HF + torch.compile": lambda a, b: compiled(a, b, cos, sin, sec),
-    }
-    try:
-        from liger_kernel.ops.qwen2vl_mrope import LigerQwen2VLMRopeFunction
+    return q, k, emb.cos().to(dt), emb.sin().to(dt)
 
-        contenders["Liger (Triton)"] = lambda a, b: LigerQwen2VLMRopeFunction.apply(a, b, cos, sin, sec, 1)
-    except Exception as exc:  # noqa: BLE001 - report, don't fail the run
-        print(f"liger-kernel unavailable: {exc}")
+
+def floor_ms(q, k, cos):
+    """Read and write q and k once, read one table stream of cos and sin per dim, at the copy bandwidth."""
+    B, _, S, D = q.shape
+    moved = 2 * (q.numel() + k.numel()) * q.element_size() + 2 * B * S * D * cos.element_size()
+    return moved / HBM_BYTES_PER_S * 1e3
+
+
+def time_contender(fn, q, k, gq, gk, backward=True):
+    """(eager fwd, graph fwd, eager fwd+bwd, graph fwd+bwd) in ms. Forward and backward are timed together:
+    a difference of the two can mislead (Liger's no-grad forward is slower than its forward with grad)."""
+    with torch.no_grad():
+        fwd = (time_ms(lambda: fn(q, k)), graph_ms(lambda: fn(q, k), calls=10))
+    if not backward:
+        return (*fwd, float("nan"), float("nan"))
+    q1, k1 = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
+    step = lambda: torch.autograd.grad(fn(q1, k1), (q1, k1), (gq, gk))  # noqa: E731
+    return (*fwd, time_ms(step), graph_ms(step, calls=10))
+
+
+def rope_rows():
+    sec = [16, 24, 24]
     rows, base = [], None
-    for name, fn in contenders.items():
-        with torch.no_grad():
-            t = time_ms(lambda: fn(q, k))
-        q1, k1 = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
-        # backward = (forward + backward) - forward, the same way for every contender
-        tb = time_ms(lambda: torch.autograd.backward(list(fn(q1, k1)), [gq, gk])) - t
-        base = base or (t, tb)
-        rows.append([name, f"{t * 1e3:.1f}", f"{t / base[0]:.2f}x", f"{100 * floor_ms / t:.0f}%",
-                     f"{tb * 1e3:.1f}", f"{100 * floor_ms / tb:.0f}%"])
-    return rows, floor_ms
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        q, k, cos, sin = rope_inputs(dt)
+        gq, gk = torch.randn_like(q), torch.randn_like(k)
+        floor = floor_ms(q, k, cos)
+        contenders = {"sptr": lambda a, b: rope.apply_rotary(a, b, cos, sin, sec)}
+        # in place on copies, so every replay rotates the same data volume
+        qc, kc = q.clone(), k.clone()
+        inplace = {"sptr in place": lambda a, b: rope.apply_rotary_(qc, kc, cos, sin, sec)}
+        if dt == torch.bfloat16:
+            compiled = torch.compile(hf_eager)
+            contenders["HF eager"] = lambda a, b: hf_eager(a, b, cos, sin, sec)
+            contenders["HF + torch.compile"] = lambda a, b: compiled(a, b, cos, sin, sec)
+            try:
+                from liger_kernel.ops.qwen2vl_mrope import LigerQwen2VLMRopeFunction
+
+                contenders["Liger (Triton)"] = lambda a, b: LigerQwen2VLMRopeFunction.apply(a, b, cos, sin, sec, 1)
+            except Exception as exc:  # noqa: BLE001 - report, don't fail the run
+                print(f"liger-kernel unavailable: {exc}")
+        for name, fn in {**contenders, **inplace}.items():
+            t = time_contender(fn, q, k, gq, gk, backward=name in contenders)
+            base = base or t  # sptr bf16, the first row
+            us = lambda ms: f"{ms * 1e3:.1f}" if ms == ms else "-"  # noqa: E731
+            share = lambda ms, n: f"{100 * n * floor / ms:.0f}%" if ms == ms else "-"  # noqa: E731
+            ratio = lambda ms, ref: f"{ms / ref:.2f}x" if ms == ms else "-"  # noqa: E731
+            rows.append([str(dt).removeprefix("torch."), name, us(t[0]), us(t[1]), share(t[1], 1), ratio(t[1], base[1]),
+                         us(t[2]), us(t[3]), share(t[3], 2), ratio(t[3], base[3])])
+        rows.append([str(dt).removeprefix("torch."), "HBM floor", "", f"{floor * 1e3:.1f}", "100%", "", "",
+                     f"{2 * floor * 1e3:.1f}", "100%", ""])
+    return rows
+
+
+def index_inputs():
+    dev = "cuda"
+    grids = torch.tensor([[1, 18, 18]] * 24, device=dev)
+    tokens = []
+    for _ in range(8):  # 8 rows of 768 tokens, 3 images of 9x9 merged tokens each
+        row = []
+        for _ in range(3):
+            row += [1000] * 150 + [151652] + [151655] * 81 + [151653]
+        tokens.append(row + [1000] * (768 - len(row)))
+    inv = 1.0 / 10000 ** (torch.arange(0, 40, 2, device=dev).float() / 40)
+    return torch.tensor(tokens, device=dev), grids, inv, int(grids.prod(1).sum())
 
 
 def index_rows():
-    try:
-        from tests.ops import hf_oracle as hf
-    except ImportError as exc:
-        print(f"transformers 4.49 oracle unavailable ({exc}); index functions timed alone")
-        hf = None
-    dev = "cuda"
-    grids = torch.tensor([[1, 18, 18]] * 24, device=dev)
-    tokens, img = [], []
-    for b in range(8):  # 8 rows of ~768 tokens, 3 images of 9x9 merged tokens each
-        row = []
-        for _ in range(3):
-            row += [1000] * 150 + [hf.VS if hf else 151652] + [151655] * 81 + [151653]
-        tokens.append(row[:768] + [1000] * (768 - len(row[:768])))
-    ids = torch.tensor(tokens, device=dev)
-    inv = 1.0 / 10000 ** (torch.arange(0, 40, 2, device=dev).float() / 40)
+    ids, grids, inv, n = index_inputs()
     ours = {
-        "get_rope_index": lambda: vision_index.get_rope_index(ids, grids, None, None, None, 2, 151655, 151656, 151652, 2),
+        "get_rope_index": lambda: vision_index.get_rope_index(ids, grids, None, None, None, 2, 151655, 151656,
+                                                              151652, 2),
+        "rot_pos_emb": lambda: vision_index.rot_pos_emb(inv, grids, 2, num_tokens=n),
+        "get_window_index": lambda: vision_index.get_window_index(grids, 2, 4, 14, 4, num_tokens=n),
+    }
+    checked = {  # the default call: data checks on, and without num_tokens the sizes are read from the grid
+        "get_rope_index": ours["get_rope_index"],
         "rot_pos_emb": lambda: vision_index.rot_pos_emb(inv, grids, 2),
         "get_window_index": lambda: vision_index.get_window_index(grids, 2, 4, 14, 4),
     }
@@ -97,18 +139,74 @@ def index_rows():
         }
     rows = []
     for name, fn in ours.items():
-        t = time_ms(fn)
+        with data_checks(False):
+            t, g = time_ms(fn), graph_ms(fn, calls=10)
+        t_checked = time_ms(checked[name])
         ref = time_ms(theirs[name], 1, 5) if name in theirs else float("nan")
-        rows.append([name, f"{t * 1e3:.1f}", f"{ref * 1e3:.0f}", f"{ref / t:.0f}x"])
+        rows.append([name, f"{t * 1e3:.1f}", f"{g * 1e3:.1f}", f"{t_checked * 1e3:.1f}", f"{ref * 1e3:.0f}",
+                     f"{ref / t:.0f}x"])
+    return rows
+
+
+def tiny_qwen(attn="sdpa"):
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    cfg = Qwen2_5_VLConfig(
+        vocab_size=151700, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]},
+        max_position_embeddings=4096,
+        vision_config={"depth": 4, "hidden_size": 256, "intermediate_size": 512, "num_heads": 4,
+                       "out_hidden_size": 1024, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                       "window_size": 112, "fullatt_block_indexes": [3], "tokens_per_second": 2, "in_chans": 3},
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        attn_implementation=attn)
+    return Qwen2_5_VLForConditionalGeneration(cfg).cuda().to(torch.bfloat16).train()
+
+
+def step_rows():
+    from sptr.integrations import qwen2_5_vl
+
+    ids, grids, _, n = index_inputs()
+    pixels = torch.randn(n, 3 * 2 * 14 * 14, device="cuda", dtype=torch.bfloat16)
+    batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels, image_grid_thw=grids,
+                 labels=ids)
+    model = tiny_qwen()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+
+    rows = []
+    plain = time_ms(step, 3, 10)
+    qwen2_5_vl.apply_to(model)
+    try:
+        patched = time_ms(step, 3, 10)
+    finally:
+        qwen2_5_vl.restore(model)
+    rows.append(["transformers 4.49 (sdpa)", f"{plain:.2f}", "1.00x"])
+    rows.append(["+ sptr apply_to", f"{patched:.2f}", f"{plain / patched:.2f}x"])
+    rows.append(["saved per step", f"{plain - patched:.2f}", ""])
     return rows
 
 
 def main():
-    rows, floor_ms = rope_rows()
-    print(f"rope bf16 q [8,16,768,128] k [8,2,768,128]; HBM floor {floor_ms * 1e3:.1f} us at 4.3 TB/s")
-    print(table(rows, ["rope", "fwd us", "vs sptr", "fwd % of HBM floor", "bwd us", "bwd % of HBM floor"]))
+    warm_up_gpu()
+    print("mRoPE, q [8,16,768,128] k [8,2,768,128] (views of a fused qkv), cos/sin in q's dtype; "
+          "eager = CUDA events around the Python call, graph = CUDA-graph replay (GPU time); "
+          "% = HBM floor / time at 4.3 TB/s (fwd+bwd: twice the bytes); vs = against sptr bf16 graph time")
+    print(table(rope_rows(), ["dtype", "rope", "fwd eager us", "fwd graph us", "fwd % floor", "fwd vs sptr",
+                              "fwd+bwd eager us", "fwd+bwd graph us", "fwd+bwd % floor", "fwd+bwd vs sptr"]))
     print()
-    print(table(index_rows(), ["index function (24 x [1,18,18], B=8 x 768)", "sptr us", "HF 4.49 us", "speedup"]))
+    print("index functions, 24 images [1,18,18], B = 8 x 768 tokens; sptr with num_tokens and data_checks(False); "
+          "'checked' = the default call (data checks on, no num_tokens: host syncs)")
+    print(table(index_rows(), ["index function", "sptr eager us", "sptr graph us", "sptr checked eager us",
+                               "HF 4.49 us", "speedup (eager)"]))
+    if hf:
+        print()
+        print("Qwen2.5-VL training step (random weights, hidden 1024, 4 layers, 8/2 heads of 128, vision depth 4), "
+              "bf16, B = 8 x 768 tokens with 24 images: forward + backward, ms")
+        print(table(step_rows(), ["model", "step ms", "speedup"]))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,21 @@ def time_ms(fn, warmup=3, repeat=20):
     return statistics.median(times)
 
 
+def graph_ms(fn, repeat=20, calls=1):
+    """GPU time of one call of fn, replayed from a CUDA graph of `calls` calls (no launch or Python overhead:
+    what the kernels alone cost)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(calls):
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    return time_ms(graph.replay, repeat=repeat) / calls
+
+
 def peak_mb(fn):
     """Peak CUDA allocation of one call of `fn`, above what was allocated before it."""
     torch.cuda.synchronize()

@@ -71,10 +71,14 @@ TORCH_LIBRARY(sptr, m) {
       "rope_index(Tensor input_ids, Tensor? image_grid_thw, Tensor? video_grid_thw, Tensor? second_per_grid_ts, "
       "Tensor? attention_mask, int spatial_merge_size, int image_token_id, int video_token_id, "
       "int vision_start_token_id, float tokens_per_second) -> (Tensor, Tensor)");
-  m.def("vision_rot_pos_emb(Tensor inv_freq, Tensor grid_thw, int spatial_merge_size) -> Tensor");
+  // num_tokens (sum of t*h*w) fixes the output sizes without reading a GPU grid (no host sync); the window
+  // offsets are then padded to num_tokens / merge^2 + 1 entries by repeating the total (empty windows).
   m.def(
-      "vision_window_index(Tensor grid_thw, int spatial_merge_size, int window_size, int spatial_merge_unit) "
-      "-> (Tensor, Tensor)");
+      "vision_rot_pos_emb(Tensor inv_freq, Tensor grid_thw, int spatial_merge_size, SymInt? num_tokens=None) "
+      "-> Tensor");
+  m.def(
+      "vision_window_index(Tensor grid_thw, int spatial_merge_size, int window_size, int spatial_merge_unit, "
+      "SymInt? num_tokens=None) -> (Tensor, Tensor)");
 
   // MoE routing. expert_ids [T, K] int32/int64; slots whose id is outside [0, num_experts) are dropped. Rows
   // are grouped by expert (stable in (t, k) order), the first num_out_tokens slots of that order kept, and

@@ -37,7 +37,7 @@ class VisionIndexBatch(NamedTuple):
     rotary_pos_emb: torch.Tensor       # fp32 [N, head_dim / 2], patch order (the tower's rot_pos_emb)
     window_index: torch.Tensor         # int64 [N / merge^2], merged tokens in window order
     reverse_index: torch.Tensor        # int64, argsort(window_index)
-    cu_window_seqlens: torch.Tensor    # int32 [W + 1], deduplicated
+    cu_window_seqlens: torch.Tensor    # int32 [W + 1], deduplicated (padded when num_tokens is given)
     cu_seqlens: torch.Tensor           # int32 [frames + 1], full attention per frame
     position_embeddings: tuple         # fp32 (cos, sin) [N, head_dim], in window order
 
@@ -52,11 +52,14 @@ class VisionIndices(nn.Module):
         self.register_buffer("inv_freq", 1.0 / (cfg.theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)),
                              persistent=False)
 
-    def forward(self, grid_thw: torch.Tensor) -> VisionIndexBatch:
+    def forward(self, grid_thw: torch.Tensor, num_tokens: int | None = None) -> VisionIndexBatch:
+        """num_tokens (Σ t·h·w) spares the index kernels a read of a GPU grid; cu_window_seqlens then comes
+        padded with empty windows (see :func:`sptr.ops.vision_index.get_window_index`)."""
         m = self.cfg.spatial_merge_size
         unit = m * m
-        emb = rot_pos_emb(self.inv_freq, grid_thw, m)
-        window_index, cu_window = get_window_index(grid_thw, m, self.cfg.merged_window, self.cfg.patch_size, unit)
+        emb = rot_pos_emb(self.inv_freq, grid_thw, m, num_tokens)
+        window_index, cu_window = get_window_index(grid_thw, m, self.cfg.merged_window, self.cfg.patch_size, unit,
+                                                   num_tokens)
         window_index = window_index.long()
         reverse = torch.empty_like(window_index).scatter_(0, window_index, torch.arange(
             window_index.numel(), device=window_index.device))

@@ -21,9 +21,11 @@ _STATE = threading.local()
 
 
 def data_checks_enabled() -> bool:
-    """Data-dependent checks (index ranges, offsets) need a host sync; they are skipped while tracing and
-    inside :func:`data_checks` ``(False)`` (in the calling thread only)."""
-    return getattr(_STATE, "enabled", True) and not torch.compiler.is_compiling()
+    """Data-dependent checks (index ranges, offsets) need a host sync; they are skipped while tracing, while
+    the current CUDA stream is captured into a graph (a sync would break the capture), and inside
+    :func:`data_checks` ``(False)`` (in the calling thread only)."""
+    return (getattr(_STATE, "enabled", True) and not torch.compiler.is_compiling()
+            and not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()))
 
 
 @contextlib.contextmanager

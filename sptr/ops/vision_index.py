@@ -9,7 +9,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, ValueChecks, check_tensor
+from ._checks import FLOATING, ValueChecks, check_tensor, data_checks_enabled, is_int
 
 _ops = torch.ops.sptr
 
@@ -22,16 +22,36 @@ def _rope_index_fake(input_ids, image_grid_thw, video_grid_thw, second_per_grid_
 
 
 @torch.library.register_fake("sptr::vision_rot_pos_emb")
-def _rot_pos_emb_fake(inv_freq, grid_thw, spatial_merge_size):
-    n = torch.library.get_ctx().new_dynamic_size()
+def _rot_pos_emb_fake(inv_freq, grid_thw, spatial_merge_size, num_tokens=None):
+    n = torch.library.get_ctx().new_dynamic_size() if num_tokens is None else num_tokens
     return inv_freq.new_empty(n, 2 * inv_freq.shape[0])
 
 
 @torch.library.register_fake("sptr::vision_window_index")
-def _window_index_fake(grid_thw, spatial_merge_size, window_size, spatial_merge_unit):
+def _window_index_fake(grid_thw, spatial_merge_size, window_size, spatial_merge_unit, num_tokens=None):
+    if num_tokens is not None:
+        entries = num_tokens // (spatial_merge_size * spatial_merge_size)
+        return (grid_thw.new_empty(entries, dtype=torch.int32), grid_thw.new_empty(entries + 1, dtype=torch.int32))
     ctx = torch.library.get_ctx()
     return (grid_thw.new_empty(ctx.new_dynamic_size(), dtype=torch.int32),
             grid_thw.new_empty(ctx.new_dynamic_size(), dtype=torch.int32))
+
+
+def _check_num_tokens(grid_thw: Tensor, spatial_merge_size: int, num_tokens) -> None:
+    """num_tokens must be Σ t·h·w of the grid, with h, w divisible by the merge size: checked on the host for
+    a host grid (in C++), with one host sync for a GPU grid unless data checks are off."""
+    if num_tokens is None:
+        return
+    if not is_int(num_tokens) and not isinstance(num_tokens, torch.SymInt):
+        raise TypeError(f"num_tokens must be an int (the vision sequence length), got {num_tokens!r}")
+    if grid_thw.device.type == "cpu" or grid_thw.numel() == 0 or not data_checks_enabled():
+        return
+    m = int(spatial_merge_size)
+    g = grid_thw.long()
+    ValueChecks().require(
+        f"grid_thw must hold non-negative sizes with h, w divisible by spatial_merge_size {m}, summing to "
+        f"num_tokens = {num_tokens} patches (t*h*w)",
+        (g >= 0).all() & (g[:, 1:] % m == 0).all() & (g.prod(1).sum() == num_tokens)).run()
 
 
 def _as_seconds(second_per_grid_ts, device):
@@ -44,6 +64,8 @@ def _check_rope_index_values(input_ids, image_grid_thw, video_grid_thw, attentio
                              video_token_id, vision_start_token_id) -> None:
     """Where transformers 4.49 raises (IndexError, TypeError, a failed cat), raise a ValueError naming the
     argument: one host sync for all of them, skipped under data_checks(False) and torch.compile."""
+    if not data_checks_enabled():  # nor compute the conditions: they are a dozen kernel launches
+        return
     checks = ValueChecks()
     for name, grid in (("image_grid_thw", image_grid_thw), ("video_grid_thw", video_grid_thw)):
         if grid is not None and grid.numel():
@@ -109,26 +131,40 @@ def get_rope_index(input_ids: Tensor, image_grid_thw: Tensor | None, video_grid_
                            int(vision_start_token_id), float(tokens_per_second))
 
 
-def rot_pos_emb(inv_freq: Tensor, grid_thw: Tensor, spatial_merge_size: int) -> Tensor:
+def rot_pos_emb(inv_freq: Tensor, grid_thw: Tensor, spatial_merge_size: int, num_tokens: int | None = None) -> Tensor:
     """Vision RoPE angles ``[Σ t·h·w, 2F]`` in inv_freq's dtype (h then w, merge-block-major order),
     bit-identical to the Qwen2.5-VL vision tower's ``rot_pos_emb`` for every floating inv_freq (a model cast
     with ``.to(torch.bfloat16)`` computes the positions and products in bf16, and so does this).
-    ``h``, ``w`` must be divisible by ``spatial_merge_size``."""
+    ``h``, ``w`` must be divisible by ``spatial_merge_size``.
+
+    ``num_tokens`` (Σ t·h·w, the tower's sequence length ``hidden_states.shape[0]``) fixes the output size
+    without reading a GPU grid: with it and ``data_checks(False)`` (or under CUDA-graph capture or
+    torch.compile) the call is one kernel launch with no host sync. Without it the size is read from the grid
+    (one device-to-host copy for a GPU grid)."""
     check_tensor("inv_freq", inv_freq, dim=1, dtypes=FLOATING)
     check_tensor("grid_thw", grid_thw, dim=2, dtypes=(torch.int32, torch.int64))
-    return _ops.vision_rot_pos_emb(inv_freq, grid_thw, int(spatial_merge_size))
+    _check_num_tokens(grid_thw, spatial_merge_size, num_tokens)
+    return _ops.vision_rot_pos_emb(inv_freq, grid_thw, int(spatial_merge_size), num_tokens)
 
 
 def get_window_index(grid_thw: Tensor, spatial_merge_size: int, vit_merger_window_size: int, patch_size: int = 0,
-                     spatial_merge_unit: int = 1):
+                     spatial_merge_unit: int = 1, num_tokens: int | None = None):
     """``(window_index int32 [Σ t·Hm·Wm], cu_window_seqlens int32 [W + 1])``: the vision tower's window
-    permutation of merged tokens, with the cumulative lengths deduplicated (as its forward uses them).
-    ``patch_size`` is accepted for the published signature and unused."""
+    permutation of merged tokens, with the cumulative lengths deduplicated (as its forward uses them), as
+    device tensors. ``patch_size`` is accepted for the published signature and unused. transformers 4.49's
+    own ``get_window_index`` returns the lengths as a Python list: ``cu_window_seqlens.tolist()`` gives it.
+
+    ``num_tokens`` (Σ t·h·w, ``hidden_states.shape[0]``; h, w divisible by the merge size) fixes the sizes
+    without reading a GPU grid (one launch, no host sync with ``data_checks(False)``, capturable in a CUDA
+    graph): ``cu_window_seqlens`` then has ``num_tokens / merge² + 1`` entries, the deduplicated lengths
+    followed by repeats of the total (empty windows: the same attention for varlen kernels and masks, and
+    ``torch.unique_consecutive`` of it is the exact result)."""
     check_tensor("grid_thw", grid_thw, dim=2, dtypes=(torch.int32, torch.int64))
     if vit_merger_window_size <= 0:
         raise ValueError(f"vit_merger_window_size must be positive, got {vit_merger_window_size}")
+    _check_num_tokens(grid_thw, spatial_merge_size, num_tokens)
     return _ops.vision_window_index(grid_thw, int(spatial_merge_size), int(vit_merger_window_size),
-                                    int(spatial_merge_unit))
+                                    int(spatial_merge_unit), num_tokens)
 
 
 def get_rope_index_hf5(input_ids: Tensor, mm_token_type_ids: Tensor, image_grid_thw: Tensor | None = None,

@@ -192,3 +192,30 @@ def test_section_and_table_shape_errors():
         rope.apply_rotary(q, k, streams, streams, [2, 3, 3])
     with pytest.raises(ValueError, match="composed"):
         torch.ops.sptr.mrope_fwd(q, k, streams, streams, [2, 3, 3], True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(4, 12, 3, 2048, 128, False),  # one head per CTA
+                                   (1, 2, 1, 70000, 128, False),   # many positions: chunks of 2 heads and 1
+                                   (1, 2, 1, 5, 4104, False),      # more pair groups than a CTA has threads
+                                   (3, 5, 2, 301, 80, True)],      # [B, S, H, D] views
+                         ids=["head-per-cta", "head-chunks", "wide-heads", "transposed"])
+def test_cuda_launch_shapes_equal_the_cpu_kernel(dtype, shape):
+    """The CUDA kernel's CTA shapes (positions per CTA, head chunks, pair-group loops) give the CPU kernel's
+    bits (the CPU kernel is bit-exact to transformers above), forward and backward."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    B, Hq, Hk, S, D, transposed = shape
+    torch.manual_seed(S)
+    cos, sin = tables(B, S, D, dtype, "cpu")
+    q, k = qk(B, Hq, Hk, S, D, dtype, "cpu", transposed)
+    sec = [D // 8, D // 8, D // 2 - D // 4]
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    results = []
+    for device in ("cpu", "cuda"):
+        a, b = q.detach().to(device).requires_grad_(), k.detach().to(device).requires_grad_()
+        out = rope.apply_rotary(a, b, cos.to(device), sin.to(device), sec)
+        grads = torch.autograd.grad(out, (a, b), (gq.to(device), gk.to(device)))
+        results.append([t.cpu() for t in (*out, *grads)])
+    assert all(torch.equal(c, g) for c, g in zip(*results))

@@ -73,54 +73,79 @@ struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
-// cos or sin of dims [d, d + V) at row offset `cb`, rounded to R: one vector load when the V dims share a
+// cos or sin of dims [d, d + V) at row offset `cb`, as stored (C): one vector load when the V dims share a
 // stream and the table allows it, else per-element loads.
-template <int V, typename T, typename C, typename O, typename R, typename A>
-SPTR_HD void load_table(const RopeArgs<T, C, O, R>& p, const C* table, int64_t cb, int64_t d, A (&out)[V]) {
+template <int V, typename T, typename C, typename O, typename R>
+SPTR_HD void load_table(const RopeArgs<T, C, O, R>& p, const C* table, int64_t cb, int64_t d, Pack<C, V>& out) {
   const int64_t first = rope_stream(p, d);
   if (V > 1 && p.table_vector && first == rope_stream(p, d + V - 1)) {
-    const Pack<C, V> pk = *reinterpret_cast<const Pack<C, V>*>(table + first * p.cs_stride[0] + cb + d);
-    for (int v = 0; v < V; ++v) out[v] = round_to<R>(A(pk.v[v]));
+    out = *reinterpret_cast<const Pack<C, V>*>(table + first * p.cs_stride[0] + cb + d);
     return;
   }
-  for (int v = 0; v < V; ++v)
-    out[v] = round_to<R>(A(table[rope_stream(p, d + v) * p.cs_stride[0] + cb + (d + v) * p.cs_stride[3]]));
+  for (int v = 0; v < V; ++v) out.v[v] = table[rope_stream(p, d + v) * p.cs_stride[0] + cb + (d + v) * p.cs_stride[3]];
 }
 
-// Rotates pairs [j0, j0 + V) of head h of operand t (0: q, 1: k) at position (b, s). Products and the sum are
-// rounded to the output dtype O (x's dtype, or the promoted one).
+// cos/sin of rotation pairs [j0, j0 + V) at position (b, s), both halves, as stored: loaded once and reused
+// for every q and k head of that position (kept in C, not widened, so they take few registers).
+template <int V, typename C>
+struct PairTables {
+  Pack<C, V> c0, s0, c1, s1;
+};
+
 template <int V, typename T, typename C, typename O, typename R>
-SPTR_HD void rope_group(const RopeArgs<T, C, O, R>& p, int64_t b, int64_t s, int t, int64_t h, int64_t j0) {
-  using A = at::opmath_type<T>;
-  const int64_t half = p.D / 2;
+SPTR_HD PairTables<V, C> load_pair_tables(const RopeArgs<T, C, O, R>& p, int64_t b, int64_t s, int64_t j0) {
   const int64_t cb = b * p.cs_stride[1] + s * p.cs_stride[2];
-  A c0[V], s0[V], c1[V], s1[V];
-  load_table<V>(p, p.cos, cb, j0, c0);
-  load_table<V>(p, p.sin, cb, j0, s0);
-  load_table<V>(p, p.cos, cb, j0 + half, c1);
-  load_table<V>(p, p.sin, cb, j0 + half, s1);
-  const int64_t* xs = p.x_stride[t];
-  const int64_t* os = p.out_stride[t];
-  const T* x = p.x[t] + b * xs[0] + h * xs[1] + s * xs[2];
-  O* out = p.out[t] + b * os[0] + h * os[1] + s * os[2];
+  PairTables<V, C> tab;
+  load_table<V>(p, p.cos, cb, j0, tab.c0);
+  load_table<V>(p, p.sin, cb, j0, tab.s0);
+  load_table<V>(p, p.cos, cb, j0 + p.D / 2, tab.c1);
+  load_table<V>(p, p.sin, cb, j0 + p.D / 2, tab.s1);
+  return tab;
+}
+
+// A table value rounded to R, in the arithmetic type A.
+template <typename R, typename A, typename C>
+SPTR_HD A table_value(C c) {
+  if constexpr (std::is_same_v<C, R>) return A(c);
+  else return round_to<R>(A(c));
+}
+
+// Pairs [j0, j0 + V) of one row of operand t (0: q, 1: k): x (or out) + the (b, h, s) offset.
+template <int V, typename T>
+struct PairRow {
   Pack<T, V> lo, hi;
+};
+
+template <int V, typename T>
+SPTR_HD PairRow<V, T> load_pairs(const T* x, int64_t step, int64_t j0, int64_t half) {
+  PairRow<V, T> r;
   if (V > 1) {
-    lo = *reinterpret_cast<const Pack<T, V>*>(x + j0);
-    hi = *reinterpret_cast<const Pack<T, V>*>(x + j0 + half);
+    r.lo = *reinterpret_cast<const Pack<T, V>*>(x + j0);
+    r.hi = *reinterpret_cast<const Pack<T, V>*>(x + j0 + half);
   } else {
-    lo.v[0] = x[j0 * xs[3]];
-    hi.v[0] = x[(j0 + half) * xs[3]];
+    r.lo.v[0] = x[j0 * step];
+    r.hi.v[0] = x[(j0 + half) * step];
   }
+  return r;
+}
+
+// Rotates the loaded pairs and stores them. Products and the sum are rounded to the output dtype O (x's
+// dtype, or the promoted one).
+template <typename R, int V, typename T, typename O, typename C, typename A = at::opmath_type<T>>
+SPTR_HD void rotate_store(const PairRow<V, T>& in, const PairTables<V, C>& tab, bool backward, O* out,
+                          int64_t step, int64_t j0, int64_t half) {
   Pack<O, V> olo, ohi;
   for (int v = 0; v < V; ++v) {
-    const A a = A(lo.v[v]), z = A(hi.v[v]);
+    const A a = A(in.lo.v[v]), z = A(in.hi.v[v]);
+    const A c0 = table_value<R, A>(tab.c0.v[v]), s0 = table_value<R, A>(tab.s0.v[v]);
+    const A c1 = table_value<R, A>(tab.c1.v[v]), s1 = table_value<R, A>(tab.s1.v[v]);
     A o0, o1;
-    if (!p.backward) {  // out = x*cos + rotate_half(x)*sin, rotate_half(x) = (-x2, x1)
-      o0 = add_rn(round_to<O>(mul_rn(a, c0[v])), round_to<O>(mul_rn(-z, s0[v])));
-      o1 = add_rn(round_to<O>(mul_rn(z, c1[v])), round_to<O>(mul_rn(a, s1[v])));
-    } else {            // gx = g*cos + rotate_half^T(g*sin), rotate_half^T(y) = (y2, -y1)
-      o0 = add_rn(round_to<O>(mul_rn(a, c0[v])), round_to<O>(mul_rn(z, s1[v])));
-      o1 = add_rn(round_to<O>(mul_rn(z, c1[v])), -round_to<O>(mul_rn(a, s0[v])));
+    if (!backward) {  // out = x*cos + rotate_half(x)*sin, rotate_half(x) = (-x2, x1)
+      o0 = add_rn(round_to<O>(mul_rn(a, c0)), round_to<O>(mul_rn(-z, s0)));
+      o1 = add_rn(round_to<O>(mul_rn(z, c1)), round_to<O>(mul_rn(a, s1)));
+    } else {          // gx = g*cos + rotate_half^T(g*sin), rotate_half^T(y) = (y2, -y1)
+      o0 = add_rn(round_to<O>(mul_rn(a, c0)), round_to<O>(mul_rn(z, s1)));
+      o1 = add_rn(round_to<O>(mul_rn(z, c1)), -round_to<O>(mul_rn(a, s0)));
     }
     olo.v[v] = static_cast<O>(o0);
     ohi.v[v] = static_cast<O>(o1);
@@ -129,18 +154,34 @@ SPTR_HD void rope_group(const RopeArgs<T, C, O, R>& p, int64_t b, int64_t s, int
     *reinterpret_cast<Pack<O, V>*>(out + j0) = olo;
     *reinterpret_cast<Pack<O, V>*>(out + j0 + half) = ohi;
   } else {
-    out[j0 * os[3]] = olo.v[0];
-    out[(j0 + half) * os[3]] = ohi.v[0];
+    out[j0 * step] = olo.v[0];
+    out[(j0 + half) * step] = ohi.v[0];
   }
 }
 
+// Row pointers of head hh (q heads first, then k heads) at (b, s).
+template <typename T, typename C, typename O, typename R>
+SPTR_HD void head_rows(const RopeArgs<T, C, O, R>& p, int64_t b, int64_t s, int64_t hh, const T*& x, O*& out) {
+  const int t = hh < p.heads[0] ? 0 : 1;
+  const int64_t h = t ? hh - p.heads[0] : hh;
+  const int64_t* xs = p.x_stride[t];
+  const int64_t* os = p.out_stride[t];
+  x = p.x[t] + b * xs[0] + h * xs[1] + s * xs[2];
+  out = p.out[t] + b * os[0] + h * os[1] + s * os[2];
+}
+
 // Work item e of the flat (b, s, head over q then k, pair group) space, pair groups fastest (coalesced).
-template <int V, class Args>
-SPTR_HD void rope_item(const Args& p, int64_t e) {
+template <int V, typename T, typename C, typename O, typename R>
+SPTR_HD void rope_item(const RopeArgs<T, C, O, R>& p, int64_t e) {
   const int64_t groups = p.D / 2 / V, heads = p.heads[0] + p.heads[1];
   const int64_t g = e % groups, r = e / groups, hh = r % heads, bs = r / heads;
+  const int64_t b = bs / p.S, s = bs % p.S, j0 = g * V;
+  const T* x;
+  O* out;
+  head_rows(p, b, s, hh, x, out);
   const int t = hh < p.heads[0] ? 0 : 1;
-  rope_group<V>(p, bs / p.S, bs % p.S, t, t ? hh - p.heads[0] : hh, g * V);
+  rotate_store<R>(load_pairs<V>(x, p.x_stride[t][3], j0, p.D / 2), load_pair_tables<V>(p, b, s, j0), p.backward, out,
+               p.out_stride[t][3], j0, p.D / 2);
 }
 
 }  // namespace sptr

@@ -5,8 +5,10 @@
 
 namespace sptr {
 
-at::Tensor vision_rot_pos_emb_cpu(const at::Tensor& inv_freq, const at::Tensor& grid_thw, int64_t merge) {
+at::Tensor vision_rot_pos_emb_cpu(const at::Tensor& inv_freq, const at::Tensor& grid_thw, int64_t merge,
+                                  std::optional<int64_t> num_tokens) {
   check_inv_freq(inv_freq);
+  vision_sizes(grid_thw, merge, 0, /*need_divisible=*/true, num_tokens);  // checks num_tokens against the grid
   const GridTable t = grid_table(grid_thw, merge, 0, /*need_divisible=*/true);
   const int64_t F = inv_freq.size(0);
   auto freq = inv_freq.contiguous();
@@ -31,11 +33,12 @@ at::Tensor vision_rot_pos_emb_cpu(const at::Tensor& inv_freq, const at::Tensor& 
 }
 
 std::tuple<at::Tensor, at::Tensor> vision_window_index_cpu(const at::Tensor& grid_thw, int64_t merge, int64_t window,
-                                                           int64_t unit) {
+                                                           int64_t unit, std::optional<int64_t> num_tokens) {
   SPTR_CHECK_VALUE(window > 0, "window size (vit_merger_window_size) must be positive, got ", window);
+  const VisionSizes z = vision_sizes(grid_thw, merge, window, /*need_divisible=*/false, num_tokens);
   const GridTable t = grid_table(grid_thw, merge, window, /*need_divisible=*/false);
   auto index = at::empty({t.entries}, grid_thw.options().device(at::kCPU).dtype(at::kInt));
-  auto cu = at::empty({t.windows + 1}, index.options());
+  auto cu = at::empty({z.offsets}, index.options());
   const int64_t* rows = t.rows.const_data_ptr<int64_t>();
   int32_t* idx = index.mutable_data_ptr<int32_t>();
   int32_t* cus = cu.mutable_data_ptr<int32_t>();
@@ -51,6 +54,7 @@ std::tuple<at::Tensor, at::Tensor> vision_window_index_cpu(const at::Tensor& gri
     const int64_t end = window_end(g, window, local / per_frame, (local % per_frame) / g[kWinCols], local % g[kWinCols]);
     cus[w + 1] = static_cast<int32_t>(end * unit);
   }
+  for (int64_t w = t.windows; w + 1 < z.offsets; ++w) cus[w + 1] = static_cast<int32_t>(t.entries * unit);
   return {index.to(grid_thw.device()), cu.to(grid_thw.device())};
 }
 
@@ -90,7 +94,10 @@ std::tuple<at::Tensor, at::Tensor> rope_index_cpu(const at::Tensor& input_ids, c
     }
     blocks.resize(n_img + n_vid);
     int64_t tail_st, tail_nxt;
-    const int64_t nb = rope_index_walk(x.data(), L, n_img, n_vid, gi, gv, in.cfg, blocks.data(), tail_st, tail_nxt);
+    const auto next_token = [&](int64_t from, bool video) {
+      return find_from(x.data(), L, from, video ? in.cfg.video_token : in.cfg.image_token);
+    };
+    const int64_t nb = rope_index_walk(next_token, n_img, n_vid, gi, gv, in.cfg, blocks.data(), tail_st, tail_nxt);
     gi += n_img;  // HF advances the global counters by what it consumed; a clean walk consumes all
     gv += n_vid;
     int64_t mx = L ? INT64_MIN : 1;  // an empty row keeps the fill value 1 (delta = 2 - S)

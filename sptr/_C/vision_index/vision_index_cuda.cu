@@ -1,7 +1,8 @@
-// Qwen2.5-VL index kernels. Vision grids: the per-grid table is built on the host (one small device-to-host
-// copy when grid_thw lives on the GPU, none for host grids) and every output element is computed in closed
-// form. rope_index: no host synchronisation; one block per row compacts the row, a scan of counts gives the
-// global grid counters, then thread 0 walks the row's vision blocks and all threads fill positions.
+// Qwen2.5-VL index kernels, one launch each and no host synchronisation once the output sizes are known.
+// Vision grids: every CTA builds the per-grid table (prefix sums over the grids) in shared memory from the
+// device grid_thw, then computes its output elements in closed form. rope_index: one CTA per row compacts
+// the row and counts its vision blocks, takes the global grid counters from the rows before it (decoupled
+// look-back over published counts), then thread 0 walks the row's blocks and all threads fill positions.
 #include <torch/library.h>
 
 #include <sptr/cuda_utils.cuh>
@@ -13,12 +14,81 @@ namespace {
 
 constexpr int kThreads = 256;
 
+constexpr int64_t kMaxSharedGrids = (48 * 1024 / 8 - 3) / kGridColumns;  // larger tables go to global memory
+
+// The per-grid table of vision_index_math.h from grid_thw, written by warp 0 of the calling CTA (a warp
+// scan per 32 grids); totals = (entries, windows, tokens). Negative sizes count as 0, so unchecked input
+// stays memory-safe. The caller synchronises before reading it.
+__device__ void build_grid_table(IntView grid, int64_t n, int64_t merge, int64_t window, int64_t* table,
+                                 int64_t* totals) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  int64_t carry[3] = {0, 0, 0};
+  for (int64_t start = 0; start < n; start += 32) {
+    const int64_t i = start + lane;
+    int64_t row[kGridColumns] = {}, count[3] = {0, 0, 0};
+    if (i < n) {
+      const int64_t T = max(grid[3 * i], int64_t(0)), H = max(grid[3 * i + 1], int64_t(0)),
+                    W = max(grid[3 * i + 2], int64_t(0));
+      row[kT] = T;
+      row[kHm] = H / merge;
+      row[kWm] = W / merge;
+      row[kWinRows] = window > 0 ? (row[kHm] + window - 1) / window : 0;
+      row[kWinCols] = window > 0 ? (row[kWm] + window - 1) / window : 0;
+      count[0] = T * row[kHm] * row[kWm];
+      count[1] = T * row[kWinRows] * row[kWinCols];
+      count[2] = T * H * W;
+    }
+    int64_t inclusive[3] = {count[0], count[1], count[2]};
+    for (int off = 1; off < 32; off *= 2)
+      for (int c = 0; c < 3; ++c) {
+        const int64_t v = __shfl_up_sync(0xffffffffu, inclusive[c], off);
+        if (lane >= off) inclusive[c] += v;
+      }
+    if (i < n) {
+      row[kEntryBase] = carry[0] + inclusive[0] - count[0];
+      row[kWindowBase] = carry[1] + inclusive[1] - count[1];
+      row[kTokenBase] = carry[2] + inclusive[2] - count[2];
+      for (int c = 0; c < kGridColumns; ++c) table[i * kGridColumns + c] = row[c];
+    }
+    for (int c = 0; c < 3; ++c) carry[c] += __shfl_sync(0xffffffffu, inclusive[c], 31);
+  }
+  if (lane == 0)
+    for (int c = 0; c < 3; ++c) totals[c] = carry[c];
+}
+
+// Where a kernel's grid table lives: built per CTA in shared memory, or (past kMaxSharedGrids grids) once in
+// global memory by grid_table_kernel before the main launch.
+struct GridSource {
+  IntView grid;
+  int64_t n, merge, window;
+  int64_t* global;  // [n * kGridColumns + 3] built beforehand, or null
+};
+
+__device__ const int64_t* grid_table_for(const GridSource& src, int64_t* shared) {
+  int64_t* table = src.global ? src.global : shared;
+  if (!src.global) build_grid_table(src.grid, src.n, src.merge, src.window, table, table + src.n * kGridColumns);
+  __syncthreads();
+  return table;
+}
+
+__global__ void grid_table_kernel(GridSource src) {
+  build_grid_table(src.grid, src.n, src.merge, src.window, src.global, src.global + src.n * kGridColumns);
+}
+
+// Rows p >= the grid's patch count (num_tokens larger than the grid) are zero.
 template <typename T>
-__global__ void rot_pos_emb_kernel(const int64_t* grids, int64_t n, int64_t merge, const T* inv_freq, int64_t F,
-                                   int64_t tokens, T* out) {
+__global__ void rot_pos_emb_kernel(GridSource src, const T* inv_freq, int64_t F, int64_t tokens, T* out) {
+  extern __shared__ int64_t shared_table[];
+  const int64_t* grids = grid_table_for(src, shared_table);
+  const int64_t total = grids[src.n * kGridColumns + 2], merge = src.merge;
   SPTR_GRID_STRIDE(e, tokens * F) {
     const int64_t p = e / F, j = e % F;
-    const int64_t* g = grids + find_grid(grids, n, kTokenBase, p) * kGridColumns;
+    if (p >= total) {
+      out[p * 2 * F + j] = out[p * 2 * F + F + j] = T(0);
+      continue;
+    }
+    const int64_t* g = grids + find_grid(grids, src.n, kTokenBase, p) * kGridColumns;
     const int64_t h = g[kHm] * merge, w = g[kWm] * merge;
     int64_t hp, wp;
     vision_patch_position((p - g[kTokenBase]) % (h * w), w, merge, hp, wp);
@@ -27,15 +97,30 @@ __global__ void rot_pos_emb_kernel(const int64_t* grids, int64_t n, int64_t merg
   }
 }
 
-__global__ void window_index_kernel(const int64_t* grids, int64_t n, int64_t window, int64_t unit, int64_t entries,
-                                    int64_t windows, int32_t* index, int32_t* cu) {
+// entries / offsets: the allocated lengths. Entries past the grid's (num_tokens larger than the grid) map to
+// themselves; offsets past its windows repeat the total (empty windows).
+__global__ void window_index_kernel(GridSource src, int64_t unit, int64_t entries, int64_t offsets, int32_t* index,
+                                    int32_t* cu) {
+  extern __shared__ int64_t shared_table[];
+  const int64_t* grids = grid_table_for(src, shared_table);
+  const int64_t total = grids[src.n * kGridColumns], windows = grids[src.n * kGridColumns + 1];
+  const int64_t window = src.window;
   SPTR_GRID_STRIDE(e, entries) {
-    const int64_t* g = grids + find_grid(grids, n, kEntryBase, e) * kGridColumns;
+    if (e >= total) {
+      index[e] = static_cast<int32_t>(e);
+      continue;
+    }
+    const int64_t* g = grids + find_grid(grids, src.n, kEntryBase, e) * kGridColumns;
     const int64_t local = e - g[kEntryBase], hw = g[kHm] * g[kWm];
-    index[window_slot(g, window, local / hw, (local % hw) / g[kWm], local % g[kWm])] = static_cast<int32_t>(e);
+    const int64_t slot = window_slot(g, window, local / hw, (local % hw) / g[kWm], local % g[kWm]);
+    if (slot >= 0 && slot < entries) index[slot] = static_cast<int32_t>(e);
   }
-  SPTR_GRID_STRIDE(w, windows) {
-    const int64_t* g = grids + find_grid(grids, n, kWindowBase, w) * kGridColumns;
+  SPTR_GRID_STRIDE(w, offsets - 1) {
+    if (w >= windows) {
+      cu[w + 1] = static_cast<int32_t>(min(total, entries) * unit);
+      continue;
+    }
+    const int64_t* g = grids + find_grid(grids, src.n, kWindowBase, w) * kGridColumns;
     const int64_t local = w - g[kWindowBase], per_frame = g[kWinRows] * g[kWinCols];
     cu[w + 1] = static_cast<int32_t>(
         window_end(g, window, local / per_frame, (local % per_frame) / g[kWinCols], local % g[kWinCols]) * unit);
@@ -43,70 +128,126 @@ __global__ void window_index_kernel(const int64_t* grids, int64_t n, int64_t win
   if (blockIdx.x == 0 && threadIdx.x == 0) cu[0] = 0;
 }
 
-// Block-wide exclusive scan of one flag per thread; returns this thread's offset, `total` the block's sum.
-__device__ int64_t block_exclusive_scan(int flag, int64_t* scratch, int64_t& total) {
-  scratch[threadIdx.x] = flag;
-  __syncthreads();
-  for (int off = 1; off < blockDim.x; off *= 2) {
-    const int64_t v = threadIdx.x >= off ? scratch[threadIdx.x - off] : 0;
-    __syncthreads();
-    scratch[threadIdx.x] += v;
-    __syncthreads();
+constexpr int kRowThreads = 512;  // rope_index: one CTA per row
+constexpr int kRowWarps = kRowThreads / 32;
+constexpr int64_t kNone = INT64_MAX;
+
+struct SumOp {
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a + b; }
+};
+struct MinOp {
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
+};
+
+// Block-wide inclusive scan (in thread order) of one value per thread: warp shuffles, then a scan of the warp
+// totals by warp 0; two barriers. `total` = the block's reduction. `warp_totals` holds kRowWarps words.
+template <class Op>
+__device__ int64_t block_inclusive_scan(int64_t v, Op op, int64_t* warp_totals, int64_t& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int off = 1; off < 32; off *= 2) {
+    const int64_t y = __shfl_up_sync(0xffffffffu, v, off);
+    if (lane >= off) v = op(v, y);
   }
-  total = scratch[blockDim.x - 1];
-  const int64_t inclusive = scratch[threadIdx.x];
+  if (lane == 31) warp_totals[warp] = v;
   __syncthreads();
-  return inclusive - flag;
+  if (warp == 0) {
+    int64_t w = warp_totals[lane < kRowWarps ? lane : kRowWarps - 1];
+    for (int off = 1; off < kRowWarps; off *= 2) {
+      const int64_t y = __shfl_up_sync(0xffffffffu, w, off);
+      if (lane >= off) w = op(w, y);
+    }
+    if (lane < kRowWarps) warp_totals[lane] = w;
+  }
+  __syncthreads();
+  if (warp > 0) v = op(v, warp_totals[warp - 1]);
+  total = warp_totals[kRowWarps - 1];
+  __syncthreads();  // warp_totals is reused by the next scan
+  return v;
 }
 
-// Row b: compacted ids x[b, :L], their slots valid[b, :L], and (L, n_img, n_vid) in info[b].
-__global__ void rope_index_compact_kernel(const int64_t* ids, const int64_t* mask, int64_t S, RopeIndexConfig cfg,
-                                          int64_t* x, int64_t* valid, int64_t* info) {
-  __shared__ int64_t scratch[kThreads];
-  __shared__ unsigned long long counts[2];
-  const int64_t b = blockIdx.x;
+// Published block counts of one row for the look-back: bit 63 = ready, bits 32..62 videos, 0..31 images.
+constexpr unsigned long long kReady = 1ull << 63;
+
+// One CTA per row, rows taken in launch order through `ticket` (a CTA only waits for rows whose CTAs already
+// run, so the look-back cannot deadlock). The row is compacted (ids x, slots valid) into global scratch, its
+// image / video blocks counted and published in status[b]; the global grid counters at its start are the
+// sums of the counts of rows < b. A suffix-min scan gives every position its next image and video token
+// (next [2, B, S]), so thread 0's walk over the row's blocks does O(1) work per block; then all threads fill
+// the positions. status and ticket start zeroed.
+__global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
+    const int64_t* ids, const int64_t* mask, int64_t B, int64_t S, RopeIndexConfig cfg, int64_t* x, int64_t* valid,
+    int64_t* next, unsigned long long* status, unsigned int* ticket, VisionBlock* blocks, int64_t* pos,
+    int64_t* delta) {
+  __shared__ int64_t warp_totals[kRowWarps];
+  __shared__ unsigned long long counts[2], before[2];
+  __shared__ int64_t row_index, nb, tail_st, tail_nxt;
+  __shared__ long long row_max;
+  if (threadIdx.x == 0) row_index = atomicAdd(ticket, 1u);
+  if (threadIdx.x < 2) counts[threadIdx.x] = before[threadIdx.x] = 0;
+  __syncthreads();
+  const int64_t b = row_index;
   int64_t L = 0;
   for (int64_t start = 0; start < S; start += blockDim.x) {
     const int64_t i = start + threadIdx.x;
     const int flag = i < S && (!mask || mask[b * S + i] == 1);
     int64_t chunk;
-    const int64_t at = L + block_exclusive_scan(flag, scratch, chunk);
+    const int64_t at = L + block_inclusive_scan(flag, SumOp(), warp_totals, chunk) - flag;
     if (flag) {
       x[b * S + at] = ids[b * S + i];
       valid[b * S + at] = i;
     }
     L += chunk;
   }
-  if (threadIdx.x < 2) counts[threadIdx.x] = 0;
   __syncthreads();
   const int64_t* row = x + b * S;
-  for (int64_t i = threadIdx.x; i < L; i += blockDim.x) {
-    if (starts_block(row, L, i, cfg.vision_start_token, cfg.image_token)) atomicAdd(&counts[0], 1ull);
-    if (starts_block(row, L, i, cfg.vision_start_token, cfg.video_token)) atomicAdd(&counts[1], 1ull);
+  int64_t* next_img = next + b * S;
+  int64_t* next_vid = next + (B + b) * S;
+  // Suffix minima from the row's end, one chunk at a time: thread t takes position end - 1 - t, so the scan
+  // in thread order runs backwards over positions.
+  int64_t carry_img = kNone, carry_vid = kNone;
+  for (int64_t end = L; end > 0; end -= blockDim.x) {
+    const int64_t i = end - 1 - threadIdx.x;
+    const int64_t id = i >= 0 ? row[i] : 0;
+    int64_t total_img, total_vid;
+    const int64_t img = block_inclusive_scan(i >= 0 && id == cfg.image_token ? i : kNone, MinOp(), warp_totals,
+                                             total_img);
+    const int64_t vid = block_inclusive_scan(i >= 0 && id == cfg.video_token ? i : kNone, MinOp(), warp_totals,
+                                             total_vid);
+    if (i >= 0) {
+      next_img[i] = min(img, carry_img);
+      next_vid[i] = min(vid, carry_vid);
+      if (starts_block(row, L, i, cfg.vision_start_token, cfg.image_token)) atomicAdd(&counts[0], 1ull);
+      if (starts_block(row, L, i, cfg.vision_start_token, cfg.video_token)) atomicAdd(&counts[1], 1ull);
+    }
+    carry_img = min(carry_img, total_img);
+    carry_vid = min(carry_vid, total_vid);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    info[3 * b] = L;
-    info[3 * b + 1] = static_cast<int64_t>(counts[0]);
-    info[3 * b + 2] = static_cast<int64_t>(counts[1]);
+  if (threadIdx.x == 0) atomicExch(&status[b], kReady | (counts[1] << 32) | counts[0]);
+  // Look-back: every earlier row's published counts, read in parallel.
+  unsigned long long img = 0, vid = 0;
+  for (int64_t r = threadIdx.x; r < b; r += blockDim.x) {
+    unsigned long long v;
+    while (!((v = *reinterpret_cast<volatile unsigned long long*>(&status[r])) & kReady)) {
+    }
+    img += v & 0xffffffffull;
+    vid += (v >> 32) & 0x7fffffffull;
   }
-}
-
-__global__ void rope_index_fill_kernel(const int64_t* x, const int64_t* valid, const int64_t* info,
-                                       const int64_t* first_image, const int64_t* first_video, int64_t B, int64_t S,
-                                       RopeIndexConfig cfg, VisionBlock* blocks, int64_t* pos, int64_t* delta) {
-  __shared__ int64_t nb, tail_st, tail_nxt;
-  __shared__ long long row_max;
-  const int64_t b = blockIdx.x, L = info[3 * b];
-  const int64_t* row = x + b * S;
-  VisionBlock* row_blocks = blocks + b * (S / 2 + 1);
-  if (threadIdx.x == 0) {
-    nb = rope_index_walk(row, L, info[3 * b + 1], info[3 * b + 2], first_image[b], first_video[b], cfg, row_blocks,
-                         tail_st, tail_nxt);
-    row_max = L ? LLONG_MIN : 1;
-  }
+  if (img) atomicAdd(&before[0], img);
+  if (vid) atomicAdd(&before[1], vid);
   for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
     for (int c = 0; c < 3; ++c) pos[(c * B + b) * S + i] = 1;
+  __syncthreads();  // next_* (written by other threads) and before[] are complete
+  VisionBlock* row_blocks = blocks + b * (S / 2 + 1);
+  if (threadIdx.x == 0) {
+    const auto next_token = [&](int64_t from, bool video) {
+      return from < L ? (video ? next_vid : next_img)[from] : kNone;
+    };
+    nb = rope_index_walk(next_token, static_cast<int64_t>(counts[0]), static_cast<int64_t>(counts[1]),
+                         static_cast<int64_t>(before[0]), static_cast<int64_t>(before[1]), cfg, row_blocks, tail_st,
+                         tail_nxt);
+    row_max = L ? LLONG_MIN : 1;
+  }
   __syncthreads();
   long long local_max = LLONG_MIN;
   for (int64_t i = threadIdx.x; i < L; i += blockDim.x) {
@@ -122,42 +263,67 @@ __global__ void rope_index_fill_kernel(const int64_t* x, const int64_t* valid, c
   if (threadIdx.x == 0) delta[b] = row_max + 1 - S;
 }
 
-at::Tensor device_table(const GridTable& t, const at::Device& device) {
-  return t.rows.to(device, /*non_blocking=*/false);
+// The grid table's place for a launch: shared memory of every CTA, or a global buffer built by one extra
+// launch for tables past kMaxSharedGrids grids.
+GridSource grid_source(const at::Tensor& grid, int64_t merge, int64_t window, at::Tensor& global, size_t& shared) {
+  GridSource src{int_view(grid), grid.size(0), merge, window, nullptr};
+  const int64_t words = src.n * kGridColumns + 3;
+  shared = 0;
+  if (src.n <= kMaxSharedGrids) {
+    shared = static_cast<size_t>(words) * sizeof(int64_t);
+    return src;
+  }
+  global = at::empty({words}, grid.options().dtype(at::kLong));
+  src.global = global.mutable_data_ptr<int64_t>();
+  grid_table_kernel<<<1, 32, 0, at::cuda::getCurrentCUDAStream()>>>(src);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return src;
+}
+
+// grid_thw on the kernel's device without a host sync (a host grid is copied asynchronously).
+at::Tensor device_grid(const at::Tensor& grid_thw, const at::Device& device) {
+  return grid_thw.to(device, /*non_blocking=*/true).contiguous();
 }
 
 }  // namespace
 
-at::Tensor vision_rot_pos_emb_cuda(const at::Tensor& inv_freq, const at::Tensor& grid_thw, int64_t merge) {
+at::Tensor vision_rot_pos_emb_cuda(const at::Tensor& inv_freq, const at::Tensor& grid_thw, int64_t merge,
+                                   std::optional<int64_t> num_tokens) {
   c10::cuda::CUDAGuard guard(inv_freq.device());
   check_inv_freq(inv_freq);
   SPTR_CHECK_VALUE(inv_freq.is_cuda(), "inv_freq must be on the GPU for the CUDA kernel");
-  const GridTable t = grid_table(grid_thw, merge, 0, /*need_divisible=*/true);
+  const VisionSizes z = vision_sizes(grid_thw, merge, 0, /*need_divisible=*/true, num_tokens);
   const int64_t F = inv_freq.size(0);
-  auto out = at::empty({t.tokens, 2 * F}, inv_freq.options());
+  auto out = at::empty({z.tokens, 2 * F}, inv_freq.options());
   if (out.numel() == 0) return out;
-  auto rows = device_table(t, inv_freq.device());
+  auto grid = device_grid(grid_thw, inv_freq.device());
   auto freq = inv_freq.contiguous();
+  at::Tensor global;
+  size_t shared;
+  const GridSource src = grid_source(grid, merge, 0, global, shared);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, inv_freq.scalar_type(), "rot_pos_emb", [&] {
-    rot_pos_emb_kernel<scalar_t><<<grid_for(t.tokens * F, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        rows.const_data_ptr<int64_t>(), t.n, merge, freq.const_data_ptr<scalar_t>(), F, t.tokens,
-        out.mutable_data_ptr<scalar_t>());
+    rot_pos_emb_kernel<scalar_t><<<grid_for(z.tokens * F, kThreads), kThreads, shared,
+                                   at::cuda::getCurrentCUDAStream()>>>(src, freq.const_data_ptr<scalar_t>(), F,
+                                                                       z.tokens, out.mutable_data_ptr<scalar_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> vision_window_index_cuda(const at::Tensor& grid_thw, int64_t merge, int64_t window,
-                                                            int64_t unit) {
+                                                            int64_t unit, std::optional<int64_t> num_tokens) {
   c10::cuda::CUDAGuard guard(grid_thw.device());
   SPTR_CHECK_VALUE(window > 0, "window size (vit_merger_window_size) must be positive, got ", window);
-  const GridTable t = grid_table(grid_thw, merge, window, /*need_divisible=*/false);
+  const VisionSizes z = vision_sizes(grid_thw, merge, window, /*need_divisible=*/false, num_tokens);
   auto opts = grid_thw.options().dtype(at::kInt);
-  auto index = at::empty({t.entries}, opts), cu = at::empty({t.windows + 1}, opts);
-  auto rows = device_table(t, grid_thw.device());
-  window_index_kernel<<<grid_for(std::max(t.entries, t.windows), kThreads), kThreads, 0,
-                        at::cuda::getCurrentCUDAStream()>>>(rows.const_data_ptr<int64_t>(), t.n, window, unit,
-                                                            t.entries, t.windows, index.mutable_data_ptr<int32_t>(),
+  auto index = at::empty({z.entries}, opts), cu = at::empty({z.offsets}, opts);
+  auto grid = grid_thw.contiguous();
+  at::Tensor global;
+  size_t shared;
+  const GridSource src = grid_source(grid, merge, window, global, shared);
+  window_index_kernel<<<grid_for(std::max(z.entries, z.offsets), kThreads), kThreads, shared,
+                        at::cuda::getCurrentCUDAStream()>>>(src, unit, z.entries, z.offsets,
+                                                            index.mutable_data_ptr<int32_t>(),
                                                             cu.mutable_data_ptr<int32_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {index, cu};
@@ -178,23 +344,17 @@ std::tuple<at::Tensor, at::Tensor> rope_index_cuda(const at::Tensor& input_ids, 
   auto opts = in.ids.options();
   auto pos = at::empty({3, B, S}, opts), delta = at::empty({B, 1}, opts);
   if (B == 0) return {pos, delta};
-  auto x = at::empty({B, S}, opts), valid = at::empty({B, S}, opts), info = at::empty({B, 3}, opts);
+  SPTR_CHECK_VALUE(B < (int64_t(1) << 31), "input_ids has too many rows for the CUDA kernel: ", B);
+  auto x = at::empty({B, S}, opts), valid = at::empty({B, S}, opts), next = at::empty({2, B, S}, opts);
+  auto status = at::zeros({B + 1}, opts);  // B published counts and the row ticket: one memset
   const int64_t block_slots = S / 2 + 1;
   auto blocks = at::empty({B * block_slots * static_cast<int64_t>(sizeof(VisionBlock) / sizeof(int64_t))}, opts);
-  auto stream = at::cuda::getCurrentCUDAStream();
-  rope_index_compact_kernel<<<B, kThreads, 0, stream>>>(in.ids.const_data_ptr<int64_t>(),
-                                                       in.mask.defined() ? in.mask.const_data_ptr<int64_t>() : nullptr,
-                                                       S, in.cfg, x.mutable_data_ptr<int64_t>(),
-                                                       valid.mutable_data_ptr<int64_t>(), info.mutable_data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  // Grid counters run over the whole batch: exclusive prefix sums of the per-row image / video counts.
-  auto img = info.select(1, 1), vid = info.select(1, 2);
-  auto first_image = (at::cumsum(img, 0) - img).contiguous(), first_video = (at::cumsum(vid, 0) - vid).contiguous();
-  rope_index_fill_kernel<<<B, kThreads, 0, stream>>>(
-      x.const_data_ptr<int64_t>(), valid.const_data_ptr<int64_t>(), info.const_data_ptr<int64_t>(),
-      first_image.const_data_ptr<int64_t>(), first_video.const_data_ptr<int64_t>(), B, S, in.cfg,
-      reinterpret_cast<VisionBlock*>(blocks.mutable_data_ptr<int64_t>()), pos.mutable_data_ptr<int64_t>(),
-      delta.mutable_data_ptr<int64_t>());
+  auto* st = reinterpret_cast<unsigned long long*>(status.mutable_data_ptr<int64_t>());
+  rope_index_kernel<<<B, kRowThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      in.ids.const_data_ptr<int64_t>(), in.mask.defined() ? in.mask.const_data_ptr<int64_t>() : nullptr, B, S,
+      in.cfg, x.mutable_data_ptr<int64_t>(), valid.mutable_data_ptr<int64_t>(), next.mutable_data_ptr<int64_t>(), st,
+      reinterpret_cast<unsigned int*>(st + B), reinterpret_cast<VisionBlock*>(blocks.mutable_data_ptr<int64_t>()),
+      pos.mutable_data_ptr<int64_t>(), delta.mutable_data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {pos, delta};
 }

@@ -6,6 +6,14 @@
 
 namespace sptr {
 
+inline void check_grid_thw(const at::Tensor& grid_thw, int64_t merge) {
+  SPTR_CHECK_VALUE(grid_thw.dim() == 2 && grid_thw.size(1) == 3, "grid_thw must be [num_grids, 3], got ",
+                    grid_thw.sizes());
+  SPTR_CHECK_TYPE(grid_thw.scalar_type() == at::kInt || grid_thw.scalar_type() == at::kLong,
+                   "grid_thw must be int32 or int64, got ", grid_thw.scalar_type());
+  SPTR_CHECK_VALUE(merge > 0, "spatial_merge_size must be positive, got ", merge);
+}
+
 // The per-grid table of vision_index_math.h, on the host (needs grid values: one copy from the device).
 struct GridTable {
   at::Tensor rows;  // int64 [n, kGridColumns], CPU
@@ -14,11 +22,7 @@ struct GridTable {
 };
 
 inline GridTable grid_table(const at::Tensor& grid_thw, int64_t merge, int64_t window, bool need_divisible) {
-  SPTR_CHECK_VALUE(grid_thw.dim() == 2 && grid_thw.size(1) == 3, "grid_thw must be [num_grids, 3], got ",
-                    grid_thw.sizes());
-  SPTR_CHECK_TYPE(grid_thw.scalar_type() == at::kInt || grid_thw.scalar_type() == at::kLong,
-                   "grid_thw must be int32 or int64, got ", grid_thw.scalar_type());
-  SPTR_CHECK_VALUE(merge > 0, "spatial_merge_size must be positive, got ", merge);
+  check_grid_thw(grid_thw, merge);
   auto g = grid_thw.to(at::kCPU, at::kLong).contiguous();
   GridTable t;
   t.n = g.size(0);
@@ -46,6 +50,38 @@ inline GridTable grid_table(const at::Tensor& grid_thw, int64_t merge, int64_t w
     t.tokens += T * H * W;
   }
   return t;
+}
+
+// Output sizes of the vision ops. num_tokens (Σ t·h·w, the vision tower's sequence length; h, w divisible by
+// merge) fixes them without reading the grid: `entries` = num_tokens / merge², and the window offsets are padded to entries + 1 (every
+// window holds at least one entry; the padding repeats the total, empty windows). Otherwise they are exact,
+// from the grid values (for a GPU grid that is one device-to-host copy, a host sync).
+struct VisionSizes {
+  int64_t tokens = 0, entries = 0, offsets = 1;
+};
+
+inline VisionSizes vision_sizes(const at::Tensor& grid_thw, int64_t merge, int64_t window, bool need_divisible,
+                                std::optional<int64_t> num_tokens) {
+  check_grid_thw(grid_thw, merge);
+  VisionSizes z;
+  if (num_tokens.has_value()) {
+    z.tokens = *num_tokens;
+    SPTR_CHECK_VALUE(z.tokens >= 0 && z.tokens % (merge * merge) == 0, "num_tokens must be a non-negative "
+                      "multiple of spatial_merge_size^2 = ", merge * merge, ", got ", z.tokens);
+    z.entries = z.tokens / (merge * merge);
+    z.offsets = z.entries + 1;
+    if (grid_thw.is_cpu()) {  // host grid: checking costs nothing
+      const GridTable t = grid_table(grid_thw, merge, window, /*need_divisible=*/true);
+      SPTR_CHECK_VALUE(t.tokens == z.tokens, "num_tokens = ", z.tokens, " but grid_thw holds sum(t*h*w) = ",
+                        t.tokens, " patches");
+    }
+    return z;
+  }
+  const GridTable t = grid_table(grid_thw, merge, window, need_divisible);
+  z.tokens = t.tokens;
+  z.entries = t.entries;
+  z.offsets = t.windows + 1;
+  return z;
 }
 
 inline void check_inv_freq(const at::Tensor& inv_freq) {

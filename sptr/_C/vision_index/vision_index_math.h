@@ -98,6 +98,7 @@ SPTR_HD int64_t temporal_index(const RopeIndexConfig& cfg, int64_t video, int64_
   return static_cast<int64_t>(::truncf(prod * cfg.tps32));
 }
 
+// The first index >= from of a token in x[0, L), or INT64_MAX.
 template <typename Ids>
 SPTR_HD int64_t find_from(Ids x, int64_t L, int64_t from, int64_t token) {
   for (int64_t i = from; i < L; ++i)
@@ -105,17 +106,18 @@ SPTR_HD int64_t find_from(Ids x, int64_t L, int64_t from, int64_t token) {
   return INT64_MAX;
 }
 
-// HF 4.49's sequential block walk over one compacted row x[0, L). gi/gv: global image/video counters at the
-// row's start. Writes up to n_img + n_vid blocks; returns their count and the trailing text start/position.
-// Malformed rows stop early instead of reading past the grid tables.
-template <typename Ids>
-SPTR_HD int64_t rope_index_walk(Ids x, int64_t L, int64_t n_img, int64_t n_vid, int64_t gi, int64_t gv,
+// HF 4.49's sequential block walk over one compacted row. next_token(from, video) is find_from for the image
+// (video = false) or video token (the CUDA kernel looks it up in precomputed arrays). gi/gv: global image /
+// video counters at the row's start. Writes up to n_img + n_vid blocks; returns their count and the trailing
+// text start/position. Malformed rows stop early instead of reading past the grid tables.
+template <class NextToken>
+SPTR_HD int64_t rope_index_walk(NextToken next_token, int64_t n_img, int64_t n_vid, int64_t gi, int64_t gv,
                                 const RopeIndexConfig& cfg, VisionBlock* blocks, int64_t& tail_st, int64_t& tail_nxt) {
   int64_t st = 0, nxt = 0, nb = 0, next_img = -1, next_vid = -1;
   int64_t remain_img = n_img, remain_vid = n_vid;
   for (int64_t it = 0; it < n_img + n_vid; ++it) {
-    if (remain_img > 0 && next_img < st) next_img = find_from(x, L, st, cfg.image_token);
-    if (remain_vid > 0 && next_vid < st) next_vid = find_from(x, L, st, cfg.video_token);
+    if (remain_img > 0 && next_img < st) next_img = next_token(st, false);
+    if (remain_vid > 0 && next_vid < st) next_vid = next_token(st, true);
     const int64_t ei = remain_img > 0 ? next_img : INT64_MAX, ev = remain_vid > 0 ? next_vid : INT64_MAX;
     if (ei == INT64_MAX && ev == INT64_MAX) break;
     VisionBlock b;
