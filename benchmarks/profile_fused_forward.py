@@ -1,6 +1,7 @@
 """Where the fused window attention's forward time goes at ~270k voxels: the whole call (value checks
 included), the call without value checks, the op alone, and its CUDA kernels alone (torch.profiler); plus
-forward+backward. `--once` only runs the op three times, for `ncu -k regex:fwd_mma`.
+forward+backward. `--once` only runs the op three times, for `ncu -k regex:fwd_mma`; `--once --rel-pos` runs
+one forward+backward with SparseTransformer's three contextual tables, for `ncu -k regex:"fwd|bwd"`.
 
 Run: python benchmarks/profile_fused_forward.py [--window 12] [--heads 4x32]
 """
@@ -12,11 +13,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fused_attention import layouts  # noqa: E402
+from bench_fused_attention import QGL, layouts  # noqa: E402
 from common import table, time_ms, warm_up_gpu  # noqa: E402
 
 from sptr.data import lidar_voxels  # noqa: E402
-from sptr.ops import data_checks, window_attention  # noqa: E402
+from sptr.ops import RelativePosition, data_checks, window_attention  # noqa: E402
 
 
 def kernel_ms(fn, repeat=10):
@@ -49,10 +50,20 @@ def main():
     ap.add_argument("--dtypes", type=str, nargs="+", default=["float16", "bfloat16"])
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--once", action="store_true", help="three plain calls of the op and nothing else (for ncu)")
+    ap.add_argument("--rel-pos", action="store_true", help="with --once: one forward+backward with the tables")
     args = ap.parse_args()
     xyz, batch = lidar_voxels(args.voxels)
     lay = layouts(xyz.cuda(), batch.cuda(), args.window)
     h, d = (int(x) for x in args.heads.split("x"))
+    if args.once and args.rel_pos:
+        dtype = getattr(torch, args.dtypes[0])
+        q, k, v = (torch.randn(lay["N"], h, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+        tables = [(torch.randn(2 * QGL - 1, 3, h, d, device="cuda") * 0.05).to(dtype) for _ in range(3)]
+        with data_checks(False):
+            out = window_attention(q, k, v, lay["offsets"], rel_pos=RelativePosition(lay["coords"], QGL - 1, *tables))
+            out.backward(torch.randn_like(out))
+        torch.cuda.synchronize()
+        return
     if args.once:
         q = torch.randn(lay["N"], h, d, device="cuda", dtype=getattr(torch, args.dtypes[0]))
         for _ in range(3):

@@ -196,11 +196,14 @@ def test_section_and_table_shape_errors():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(4, 12, 3, 2048, 128, False),  # one head per CTA
-                                   (1, 2, 1, 70000, 128, False),   # many positions: chunks of 2 heads and 1
+@pytest.mark.parametrize("shape", [(4, 12, 3, 2048, 128, False),  # all 15 heads per CTA: rounds of 6, 6, 3
+                                   (1, 2, 1, 70000, 128, False),   # many positions, one partial round
+                                   (2, 16, 2, 240, 128, False),    # few tiles: chunks of 2 heads
+                                   (1, 4, 2, 3, 128, False),       # one tile: one head per CTA
                                    (1, 2, 1, 5, 4104, False),      # more pair groups than a CTA has threads
                                    (3, 5, 2, 301, 80, True)],      # [B, S, H, D] views
-                         ids=["head-per-cta", "head-chunks", "wide-heads", "transposed"])
+                         ids=["all-heads", "many-positions", "head-chunks", "head-per-cta", "wide-heads",
+                              "transposed"])
 def test_cuda_launch_shapes_equal_the_cpu_kernel(dtype, shape):
     """The CUDA kernel's CTA shapes (positions per CTA, head chunks, pair-group loops) give the CPU kernel's
     bits (the CPU kernel is bit-exact to transformers above), forward and backward."""

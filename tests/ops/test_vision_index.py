@@ -79,6 +79,22 @@ def test_random_batches_match_hf(device, seed, pad_side):
 
 
 @pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("length", [2500, 5000])
+def test_long_rows_match_hf(device, length):
+    """Rows longer than a CTA's 1024 threads (the CUDA scans loop over chunks) and, at 5000 tokens, longer than
+    a row that fits in shared memory (the CUDA kernel keeps it in global scratch), vision blocks on both sides
+    of the chunk boundaries."""
+    rng = random.Random(length)
+    rows = []
+    for _ in range(3):
+        tok, img, vid, sec = random_sample(rng, 3, 1)
+        lead = rng.randint(0, length - len(tok))
+        rows.append(([TEXT] * lead + tok + [TEXT] * (length - lead - len(tok)), img, vid, sec))
+    ids, img, vid, sec, mask = batch(rows, "left", rng)
+    assert_same(ours(ids, img, vid, sec, mask, device), hf.rope_index(ids, img, vid, sec, mask))
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_video_without_seconds_and_fp32_time_rule(device):
     ids = torch.tensor([[VS] + [VID] * 44 + [TEXT]])
     vid = torch.tensor([[11, 2, 8]])

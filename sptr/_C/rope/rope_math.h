@@ -55,10 +55,12 @@ SPTR_HD A add_rn(A a, A b) {
 #endif
 }
 
+// Table stream of dim d (0 <= d < D); no division (64-bit division is a long subroutine on the GPU).
 template <class Args>
 SPTR_HD int64_t rope_stream(const Args& p, int64_t d) {
   if (p.composed) return 0;
-  const int64_t j = p.hf_layout ? d % (p.D / 2) : d / 2;  // Wall-X: doubled sections over contiguous dims
+  const int64_t half = p.D / 2;
+  const int64_t j = p.hf_layout ? (d < half ? d : d - half) : d >> 1;  // Wall-X: doubled sections over contiguous dims
   return j < p.c1 ? 0 : (j < p.c2 ? 1 : 2);
 }
 

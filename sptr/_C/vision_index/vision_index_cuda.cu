@@ -3,6 +3,9 @@
 // device grid_thw, then computes its output elements in closed form. rope_index: one CTA per row compacts
 // the row and counts its vision blocks, takes the global grid counters from the rows before it (decoupled
 // look-back over published counts), then thread 0 walks the row's blocks and all threads fill positions.
+#include <array>
+#include <mutex>
+
 #include <torch/library.h>
 
 #include <sptr/cuda_utils.cuh>
@@ -128,7 +131,7 @@ __global__ void window_index_kernel(GridSource src, int64_t unit, int64_t entrie
   if (blockIdx.x == 0 && threadIdx.x == 0) cu[0] = 0;
 }
 
-constexpr int kRowThreads = 512;  // rope_index: one CTA per row
+constexpr int kRowThreads = 1024;  // rope_index: one CTA per row
 constexpr int kRowWarps = kRowThreads / 32;
 constexpr int64_t kNone = INT64_MAX;
 
@@ -169,15 +172,18 @@ __device__ int64_t block_inclusive_scan(int64_t v, Op op, int64_t* warp_totals, 
 constexpr unsigned long long kReady = 1ull << 63;
 
 // One CTA per row, rows taken in launch order through `ticket` (a CTA only waits for rows whose CTAs already
-// run, so the look-back cannot deadlock). The row is compacted (ids x, slots valid) into global scratch, its
-// image / video blocks counted and published in status[b]; the global grid counters at its start are the
-// sums of the counts of rows < b. A suffix-min scan gives every position its next image and video token
-// (next [2, B, S]), so thread 0's walk over the row's blocks does O(1) work per block; then all threads fill
-// the positions. status and ticket start zeroed.
+// run, so the look-back cannot deadlock). The row is compacted (ids x, slots valid), its image / video blocks
+// counted and published in status[b]; the global grid counters at its start are the sums of the counts of
+// rows < b. A suffix-min scan gives every position its next image and video token, so thread 0's walk over
+// the row's blocks does O(1) work per block; then all threads fill the positions. The row's arrays (x, valid,
+// next image, next video: S words each, then S / 2 + 1 blocks) live in dynamic shared memory when
+// `row_in_shared` (the walk and the fills then read on-chip memory, not L2), else in the global scratch
+// (x, valid [B, S], next [2, B, S], blocks). status and ticket start zeroed.
 __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
     const int64_t* ids, const int64_t* mask, int64_t B, int64_t S, RopeIndexConfig cfg, int64_t* x, int64_t* valid,
     int64_t* next, unsigned long long* status, unsigned int* ticket, VisionBlock* blocks, int64_t* pos,
-    int64_t* delta) {
+    int64_t* delta, bool row_in_shared) {
+  extern __shared__ int64_t row_shared[];
   __shared__ int64_t warp_totals[kRowWarps];
   __shared__ unsigned long long counts[2], before[2];
   __shared__ int64_t row_index, nb, tail_st, tail_nxt;
@@ -186,6 +192,12 @@ __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
   if (threadIdx.x < 2) counts[threadIdx.x] = before[threadIdx.x] = 0;
   __syncthreads();
   const int64_t b = row_index;
+  int64_t* const row = row_in_shared ? row_shared : x + b * S;
+  int64_t* const slots = row_in_shared ? row_shared + S : valid + b * S;
+  int64_t* const next_img = row_in_shared ? row_shared + 2 * S : next + b * S;
+  int64_t* const next_vid = row_in_shared ? row_shared + 3 * S : next + (B + b) * S;
+  VisionBlock* const row_blocks =
+      row_in_shared ? reinterpret_cast<VisionBlock*>(row_shared + 4 * S) : blocks + b * (S / 2 + 1);
   int64_t L = 0;
   for (int64_t start = 0; start < S; start += blockDim.x) {
     const int64_t i = start + threadIdx.x;
@@ -193,15 +205,12 @@ __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
     int64_t chunk;
     const int64_t at = L + block_inclusive_scan(flag, SumOp(), warp_totals, chunk) - flag;
     if (flag) {
-      x[b * S + at] = ids[b * S + i];
-      valid[b * S + at] = i;
+      row[at] = ids[b * S + i];
+      slots[at] = i;
     }
     L += chunk;
   }
   __syncthreads();
-  const int64_t* row = x + b * S;
-  int64_t* next_img = next + b * S;
-  int64_t* next_vid = next + (B + b) * S;
   // Suffix minima from the row's end, one chunk at a time: thread t takes position end - 1 - t, so the scan
   // in thread order runs backwards over positions.
   int64_t carry_img = kNone, carry_vid = kNone;
@@ -238,7 +247,6 @@ __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
   for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
     for (int c = 0; c < 3; ++c) pos[(c * B + b) * S + i] = 1;
   __syncthreads();  // next_* (written by other threads) and before[] are complete
-  VisionBlock* row_blocks = blocks + b * (S / 2 + 1);
   if (threadIdx.x == 0) {
     const auto next_token = [&](int64_t from, bool video) {
       return from < L ? (video ? next_vid : next_img)[from] : kNone;
@@ -254,13 +262,30 @@ __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
     int64_t p3[3];
     rope_index_position(cfg, row_blocks, nb, tail_st, tail_nxt, i, p3);
     for (int c = 0; c < 3; ++c) {
-      pos[(c * B + b) * S + valid[b * S + i]] = p3[c];
+      pos[(c * B + b) * S + slots[i]] = p3[c];
       local_max = p3[c] > local_max ? p3[c] : local_max;
     }
   }
   atomicMax(&row_max, local_max);
   __syncthreads();
   if (threadIdx.x == 0) delta[b] = row_max + 1 - S;
+}
+
+// Dynamic shared memory that rope_index_kernel may take on this device: the opt-in maximum, raised once per
+// device (a function attribute, not a stream operation: nothing to redo inside a CUDA graph capture).
+int64_t rope_index_shared_limit() {
+  static std::array<std::once_flag, 64> raised;
+  static std::array<int64_t, 64> limit{};
+  const int device = c10::cuda::current_device();
+  if (device >= static_cast<int>(raised.size())) return 0;
+  std::call_once(raised[device], [&] {
+    const auto* props = at::cuda::getCurrentDeviceProperties();
+    const int64_t bytes = static_cast<int64_t>(props->sharedMemPerBlockOptin) - 1024;  // static shared memory
+    C10_CUDA_CHECK(cudaFuncSetAttribute(rope_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(bytes)));
+    limit[device] = bytes;
+  });
+  return limit[device];
 }
 
 // The grid table's place for a launch: shared memory of every CTA, or a global buffer built by one extra
@@ -345,16 +370,25 @@ std::tuple<at::Tensor, at::Tensor> rope_index_cuda(const at::Tensor& input_ids, 
   auto pos = at::empty({3, B, S}, opts), delta = at::empty({B, 1}, opts);
   if (B == 0) return {pos, delta};
   SPTR_CHECK_VALUE(B < (int64_t(1) << 31), "input_ids has too many rows for the CUDA kernel: ", B);
-  auto x = at::empty({B, S}, opts), valid = at::empty({B, S}, opts), next = at::empty({2, B, S}, opts);
-  auto status = at::zeros({B + 1}, opts);  // B published counts and the row ticket: one memset
-  const int64_t block_slots = S / 2 + 1;
-  auto blocks = at::empty({B * block_slots * static_cast<int64_t>(sizeof(VisionBlock) / sizeof(int64_t))}, opts);
+  auto status = at::zeros({B + 1}, opts);  // B published counts and the row ticket: one fill
   auto* st = reinterpret_cast<unsigned long long*>(status.mutable_data_ptr<int64_t>());
-  rope_index_kernel<<<B, kRowThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+  const int64_t block_slots = S / 2 + 1;
+  const int64_t row_bytes = 4 * S * static_cast<int64_t>(sizeof(int64_t)) + block_slots * sizeof(VisionBlock);
+  const bool row_in_shared = row_bytes <= rope_index_shared_limit();
+  // Global scratch only for rows too long for shared memory.
+  at::Tensor x, valid, next, blocks;
+  if (!row_in_shared) {
+    x = at::empty({B, S}, opts);
+    valid = at::empty({B, S}, opts);
+    next = at::empty({2, B, S}, opts);
+    blocks = at::empty({B * block_slots * static_cast<int64_t>(sizeof(VisionBlock) / sizeof(int64_t))}, opts);
+  }
+  const auto ptr = [](at::Tensor& t) { return t.defined() ? t.mutable_data_ptr<int64_t>() : nullptr; };
+  rope_index_kernel<<<B, kRowThreads, row_in_shared ? row_bytes : 0, at::cuda::getCurrentCUDAStream()>>>(
       in.ids.const_data_ptr<int64_t>(), in.mask.defined() ? in.mask.const_data_ptr<int64_t>() : nullptr, B, S,
-      in.cfg, x.mutable_data_ptr<int64_t>(), valid.mutable_data_ptr<int64_t>(), next.mutable_data_ptr<int64_t>(), st,
-      reinterpret_cast<unsigned int*>(st + B), reinterpret_cast<VisionBlock*>(blocks.mutable_data_ptr<int64_t>()),
-      pos.mutable_data_ptr<int64_t>(), delta.mutable_data_ptr<int64_t>());
+      in.cfg, ptr(x), ptr(valid), ptr(next), st, reinterpret_cast<unsigned int*>(st + B),
+      reinterpret_cast<VisionBlock*>(ptr(blocks)), pos.mutable_data_ptr<int64_t>(), delta.mutable_data_ptr<int64_t>(),
+      row_in_shared);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {pos, delta};
 }
