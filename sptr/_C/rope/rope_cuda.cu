@@ -62,24 +62,20 @@ __device__ __forceinline__ void rotate_store_packed(const PairRow<V, T>& in, con
   *reinterpret_cast<Pack<T, V>*>(out + j0 + half) = ohi;
 }
 
-// Pairs [j0, j0 + V) of head hh (q heads first) at (b, s); the row pointer is recomputed for the store, which
-// takes fewer registers than keeping it across the loads of the other heads in flight.
+// Pairs [j0, j0 + V) of head hh (q heads first) at (b, s); the row is recomputed for the store, which takes
+// fewer registers than keeping its pointer across the loads of the other heads in flight.
 template <int V, typename T, typename C, typename O, typename R>
 __device__ __forceinline__ PairRow<V, T> load_head(const RopeArgs<T, C, O, R>& p, int b, int s, int hh, int64_t j0) {
-  const T* x;
-  O* out;
-  head_rows(p, b, s, hh, x, out);
-  return load_pairs<V>(x, p.x_stride[hh < p.heads[0] ? 0 : 1][3], j0, p.D / 2);
+  const HeadRow<T, O> row = head_row(p, b, s, hh);
+  return load_pairs<V>(row.x, row.x_step, j0, p.D / 2);
 }
 
 template <int V, typename T, typename C, typename O, typename R>
 __device__ __forceinline__ void store_head(const RopeArgs<T, C, O, R>& p, int b, int s, int hh, int64_t j0,
-                                           const PairRow<V, T>& row, const PairTables<V, C>& tab) {
-  const T* x;
-  O* out;
-  head_rows(p, b, s, hh, x, out);
-  if constexpr (kPackedMath<V, T, C, O, R>) rotate_store_packed<V>(row, tab, p.backward, out, j0, p.D / 2);
-  else rotate_store<R>(row, tab, p.backward, out, p.out_stride[hh < p.heads[0] ? 0 : 1][3], j0, p.D / 2);
+                                           const PairRow<V, T>& pairs, const PairTables<V, C>& tab) {
+  const HeadRow<T, O> row = head_row(p, b, s, hh);
+  if constexpr (kPackedMath<V, T, C, O, R>) rotate_store_packed<V>(pairs, tab, p.backward, row.out, j0, p.D / 2);
+  else rotate_store<R>(pairs, tab, p.backward, row.out, row.out_step, j0, p.D / 2);
 }
 
 // CTA = `positions` (b, s) positions × min(G, kThreads) threads (G = D / 2 / V pair groups per head) × one

@@ -161,15 +161,21 @@ SPTR_HD void rotate_store(const PairRow<V, T>& in, const PairTables<V, C>& tab, 
   }
 }
 
-// Row pointers of head hh (q heads first, then k heads) at (b, s).
+// Head hh (q heads first, then k heads) at (b, s): its input and output rows and their element steps.
+template <typename T, typename O>
+struct HeadRow {
+  const T* x;
+  O* out;
+  int64_t x_step, out_step;
+};
+
 template <typename T, typename C, typename O, typename R>
-SPTR_HD void head_rows(const RopeArgs<T, C, O, R>& p, int64_t b, int64_t s, int64_t hh, const T*& x, O*& out) {
+SPTR_HD HeadRow<T, O> head_row(const RopeArgs<T, C, O, R>& p, int64_t b, int64_t s, int64_t hh) {
   const int t = hh < p.heads[0] ? 0 : 1;
   const int64_t h = t ? hh - p.heads[0] : hh;
   const int64_t* xs = p.x_stride[t];
   const int64_t* os = p.out_stride[t];
-  x = p.x[t] + b * xs[0] + h * xs[1] + s * xs[2];
-  out = p.out[t] + b * os[0] + h * os[1] + s * os[2];
+  return {p.x[t] + b * xs[0] + h * xs[1] + s * xs[2], p.out[t] + b * os[0] + h * os[1] + s * os[2], xs[3], os[3]};
 }
 
 // Work item e of the flat (b, s, head over q then k, pair group) space, pair groups fastest (coalesced).
@@ -178,12 +184,9 @@ SPTR_HD void rope_item(const RopeArgs<T, C, O, R>& p, int64_t e) {
   const int64_t groups = p.D / 2 / V, heads = p.heads[0] + p.heads[1];
   const int64_t g = e % groups, r = e / groups, hh = r % heads, bs = r / heads;
   const int64_t b = bs / p.S, s = bs % p.S, j0 = g * V;
-  const T* x;
-  O* out;
-  head_rows(p, b, s, hh, x, out);
-  const int t = hh < p.heads[0] ? 0 : 1;
-  rotate_store<R>(load_pairs<V>(x, p.x_stride[t][3], j0, p.D / 2), load_pair_tables<V>(p, b, s, j0), p.backward, out,
-               p.out_stride[t][3], j0, p.D / 2);
+  const HeadRow<T, O> row = head_row(p, b, s, hh);
+  rotate_store<R>(load_pairs<V>(row.x, row.x_step, j0, p.D / 2), load_pair_tables<V>(p, b, s, j0), p.backward,
+                  row.out, row.out_step, j0, p.D / 2);
 }
 
 }  // namespace sptr

@@ -30,18 +30,9 @@ __device__ void build_grid_table(IntView grid, int64_t n, int64_t merge, int64_t
   for (int64_t start = 0; start < n; start += 32) {
     const int64_t i = start + lane;
     int64_t row[kGridColumns] = {}, count[3] = {0, 0, 0};
-    if (i < n) {
-      const int64_t T = max(grid[3 * i], int64_t(0)), H = max(grid[3 * i + 1], int64_t(0)),
-                    W = max(grid[3 * i + 2], int64_t(0));
-      row[kT] = T;
-      row[kHm] = H / merge;
-      row[kWm] = W / merge;
-      row[kWinRows] = window > 0 ? (row[kHm] + window - 1) / window : 0;
-      row[kWinCols] = window > 0 ? (row[kWm] + window - 1) / window : 0;
-      count[0] = T * row[kHm] * row[kWm];
-      count[1] = T * row[kWinRows] * row[kWinCols];
-      count[2] = T * H * W;
-    }
+    if (i < n)
+      grid_row_sizes(max(grid[3 * i], int64_t(0)), max(grid[3 * i + 1], int64_t(0)), max(grid[3 * i + 2], int64_t(0)),
+                     merge, window, row, count);
     int64_t inclusive[3] = {count[0], count[1], count[2]};
     for (int off = 1; off < 32; off *= 2)
       for (int c = 0; c < 3; ++c) {

@@ -37,17 +37,14 @@ inline GridTable grid_table(const at::Tensor& grid_thw, int64_t merge, int64_t w
       SPTR_CHECK_VALUE(H % merge == 0 && W % merge == 0, "grid_thw[", i, "] = (", T, ", ", H, ", ", W,
                         "): h and w must be divisible by spatial_merge_size ", merge);
     int64_t* r = dst + i * kGridColumns;
-    r[kT] = T;
-    r[kHm] = H / merge;
-    r[kWm] = W / merge;
-    r[kWinRows] = window > 0 ? (r[kHm] + window - 1) / window : 0;
-    r[kWinCols] = window > 0 ? (r[kWm] + window - 1) / window : 0;
+    int64_t count[3];
+    grid_row_sizes(T, H, W, merge, window, r, count);
     r[kEntryBase] = t.entries;
     r[kWindowBase] = t.windows;
     r[kTokenBase] = t.tokens;
-    t.entries += T * r[kHm] * r[kWm];
-    t.windows += T * r[kWinRows] * r[kWinCols];
-    t.tokens += T * H * W;
+    t.entries += count[0];
+    t.windows += count[1];
+    t.tokens += count[2];
   }
   return t;
 }

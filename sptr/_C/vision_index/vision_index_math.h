@@ -14,6 +14,20 @@ namespace sptr {
 // entry (Σ t·Hm·Wm before it), first window, first patch token (Σ t·h·w before it). Built on the host.
 enum GridColumn { kT = 0, kHm, kWm, kWinRows, kWinCols, kEntryBase, kWindowBase, kTokenBase, kGridColumns };
 
+// The size columns (kT .. kWinCols) of the table row of a T×H×W grid, and its counts (entries, windows,
+// patch tokens); the base columns are prefix sums of the counts over the grids before it.
+SPTR_HD void grid_row_sizes(int64_t T, int64_t H, int64_t W, int64_t merge, int64_t window, int64_t* row,
+                            int64_t count[3]) {
+  row[kT] = T;
+  row[kHm] = H / merge;
+  row[kWm] = W / merge;
+  row[kWinRows] = window > 0 ? (row[kHm] + window - 1) / window : 0;
+  row[kWinCols] = window > 0 ? (row[kWm] + window - 1) / window : 0;
+  count[0] = T * row[kHm] * row[kWm];
+  count[1] = T * row[kWinRows] * row[kWinCols];
+  count[2] = T * H * W;
+}
+
 // Index of the grid whose [base[g], base[g+1]) holds `item`, by binary search over column `col`.
 SPTR_HD int64_t find_grid(const int64_t* grids, int64_t n, int col, int64_t item) {
   int64_t lo = 0, hi = n - 1;
