@@ -24,7 +24,7 @@ def free_port() -> int:
 
 def spawn(fn, tmp_path):
     out = str(tmp_path / f"{fn.__name__}.pt")
-    mp.spawn(fn, args=(WORLD, free_port(), out), nprocs=WORLD, join=True)
+    mp.spawn(workers.run, args=(fn, WORLD, free_port(), out), nprocs=WORLD, join=True)
     return torch.load(out, weights_only=True)
 
 

@@ -2,6 +2,7 @@
 rank trains on its share of a global batch and rank 0 writes what the test compares to a single process."""
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -15,10 +16,22 @@ from sptr.integrations.distributed import convert_sync_batchnorm, global_mean
 POINTS = (1300, 2100)  # rank r's scan: different amounts of work per rank
 
 
-def init(rank: int, world: int, port: int) -> None:
+def run(rank: int, step, world: int, port: int, out: str) -> None:
+    """The body of every spawned rank: join the gloo group, run `step(rank)` (rank 0 saves what it returns to
+    `out`), then end the group on all ranks together once the step's modules are gone. DDP's and FSDP's hooks
+    hold the process group in reference cycles; a group still alive at interpreter shutdown is freed with
+    gloo's threads running and aborts the process ("terminate called without an active exception", seen once
+    in CI), so the cycles are collected first."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    result = step(rank)
+    if rank == 0:
+        torch.save(result, out)
+    del result
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 # As published, a scan's result depends on the other scans of its batch: SphereFormer's windows (torch_cluster's
@@ -60,10 +73,9 @@ def unet_loss(model, cfg, scan_ids):
     return global_mean(total, (labels != cfg.ignore_label).sum())
 
 
-def ddp_unet_step(rank: int, world: int, port: int, out: str) -> None:
-    """One DDP step with SyncBatchNorm (rank r holds scan r); rank 0 saves the gradients, the BN running
+def ddp_unet_step(rank: int) -> dict | None:
+    """One DDP step with SyncBatchNorm (rank r holds scan r); rank 0 returns the gradients, the BN running
     statistics, the checkpoint (module. keys) and its eval logits on scan 0."""
-    init(rank, world, port)
     model = small_unet()
     cfg = model.cfg
     model = DistributedDataParallel(convert_sync_batchnorm(model), static_graph=True)
@@ -75,17 +87,15 @@ def ddp_unet_step(rank: int, world: int, port: int, out: str) -> None:
         with torch.no_grad():
             x, xyz, batch, _ = scan_inputs(cfg, [0])
             logits = net(x, xyz, batch)
-        torch.save({"grads": grads, "buffers": buffers, "state_dict": model.state_dict(), "logits": logits}, out)
-    dist.barrier()
-    dist.destroy_process_group()
+        return {"grads": grads, "buffers": buffers, "state_dict": model.state_dict(), "logits": logits}
+    return None
 
 
-def compiled_ddp_block_step(rank: int, world: int, port: int, out: str) -> None:
+def compiled_ddp_block_step(rank: int) -> dict:
     """A SphereFormer block under DDP and torch.compile (aot_eager: DDP's graph splitting, our fake kernels and
     autograd), against the same block under DDP in eager mode."""
     from sptr.layers import SphereFormer, SphereFormerConfig
 
-    init(rank, world, port)
     results = {}
     for mode in ("eager", "compiled"):
         torch.manual_seed(0)
@@ -98,18 +108,14 @@ def compiled_ddp_block_step(rank: int, world: int, port: int, out: str) -> None:
         feats = torch.randn(n, 32, generator=gen)
         run(feats, xyz, torch.zeros(n, dtype=torch.long)).square().mean().backward()
         results[mode] = {n: p.grad.clone() for n, p in block.module.named_parameters()}
-    if rank == 0:
-        torch.save(results, out)
-    dist.barrier()
-    dist.destroy_process_group()
+    return results
 
 
-def fsdp2_moe_step(rank: int, world: int, port: int, out: str) -> None:
+def fsdp2_moe_step(rank: int) -> dict:
     """DualExpertFFN and RoutedExpertFFN sharded with FSDP2 (fully_shard); each rank holds half the tokens.
-    Rank 0 saves the unsharded gradients and its outputs."""
+    Returns the unsharded gradients and the rank's outputs."""
     from sptr.layers import DualExpertFFN, DualExpertFFNConfig, RoutedExpertFFN, RoutedExpertFFNConfig
 
-    init(rank, world, port)
     results = {}
     for name, make in (("dual", lambda: DualExpertFFN(DualExpertFFNConfig(hidden=16, intermediate=(24, 8)))),
                        ("routed", lambda: RoutedExpertFFN(RoutedExpertFFNConfig(hidden=16, intermediate=12,
@@ -121,10 +127,7 @@ def fsdp2_moe_step(rank: int, world: int, port: int, out: str) -> None:
         (y.square().sum() / (2 * x.shape[0])).backward()
         grads = {n: p.grad.full_tensor() for n, p in layer.named_parameters()}
         results[name] = {"grads": grads, "out": y.detach()}
-    if rank == 0:
-        torch.save(results, out)
-    dist.barrier()
-    dist.destroy_process_group()
+    return results
 
 
 def shard(module):
@@ -143,13 +146,12 @@ def moe_tokens(part: int):
     return x[part], index[part]
 
 
-def fsdp2_qwen_step(rank: int, world: int, port: int, out: str) -> None:
+def fsdp2_qwen_step(rank: int) -> dict:
     """A tiny Qwen2.5-VL sharded with FSDP2 (each decoder layer and the root), with and without apply_to: rank
-    0 saves both losses and unsharded gradients (each rank holds the same batch)."""
+    0 returns both losses and unsharded gradients (each rank holds the same batch)."""
     from sptr.integrations import qwen2_5_vl
     from tests.integrations.test_qwen2_5_vl import inputs, tiny_model
 
-    init(rank, world, port)
     results = {}
     for name in ("transformers", "sptr"):
         model = tiny_model().train()
@@ -163,7 +165,4 @@ def fsdp2_qwen_step(rank: int, world: int, port: int, out: str) -> None:
         loss.backward()
         results[name] = {"loss": loss.detach(), "grads": {n: p.grad.full_tensor() for n, p in model.named_parameters()
                                                          if p.grad is not None}}
-    if rank == 0:
-        torch.save(results, out)
-    dist.barrier()
-    dist.destroy_process_group()
+    return results
