@@ -41,14 +41,16 @@ def data_checks(enabled: bool):
         _STATE.enabled = previous
 
 
+# The `type(v) is ...` tests first: the ABC isinstance checks cost ~0.3 µs each on every op call.
 def is_int(v) -> bool:
     """A Python or numpy integer, not a bool."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+    return type(v) is int or (isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)))
 
 
 def is_finite_number(v) -> bool:
     """A finite Python or numpy real number, not a bool."""
-    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)
+    return ((type(v) is float or type(v) is int or (isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))))
+            and math.isfinite(v))
 
 
 def check_tensor(name: str, t, *, dim: int | None = None, dtypes=None, device: torch.device | None = None) -> Tensor:
@@ -66,9 +68,15 @@ def check_tensor(name: str, t, *, dim: int | None = None, dtypes=None, device: t
 
 def check_shape(name: str, t: Tensor, shape: tuple) -> None:
     """`shape` may hold None for a free dimension."""
-    if t.dim() != len(shape) or any(s is not None and s != a for s, a in zip(shape, t.shape)):
-        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
-        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    actual = t.shape
+    if len(actual) == len(shape):
+        for s, a in zip(shape, actual):  # a loop, not any(<generator>): this runs several times per op call
+            if s is not None and s != a:
+                break
+        else:
+            return
+    want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+    raise ValueError(f"{name} must have shape {want}, got {tuple(actual)}")
 
 
 def _has_values(t: Tensor) -> bool:

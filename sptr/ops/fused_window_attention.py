@@ -2,7 +2,9 @@
 
 Tokens are sorted by window; ``window_offsets (W+1)`` delimits window ``w`` as tokens
 ``[window_offsets[w], window_offsets[w+1])``. Only the output and the per-row log-sum-exp are stored; the
-backward recomputes the attention, so nothing of size ``M = Σ n_w²`` is ever allocated.
+backward recomputes the attention, so nothing of size ``M = Σ n_w²`` is ever allocated. The op's autograd is
+registered in C++ (fused_window_attention_autograd.cpp): the Python layer of ``register_autograd`` would cost
+more host time per call than the rest of the call.
 """
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401  (registers torch.ops.sptr)
 
-from ._checks import (FLOATING, INDEX, ValueChecks, autocast_dtype, check_shape, check_tensor, is_finite_number,
-                      is_int, refuse_double_backward)
+from ._checks import (FLOATING, INDEX, ValueChecks, autocast_dtype, check_shape, check_tensor, data_checks_enabled,
+                      is_finite_number, is_int)
 
 _ops = torch.ops.sptr
 
@@ -58,29 +60,6 @@ def _bwd_fake(grad_out, q, k, v, out, lse, window_offsets, coords, radius, table
             like(table_v))
 
 
-# --------------------------------------------------------------------------------------------------- autograd
-def _setup(ctx, inputs, output):
-    q, k, v, offsets, coords, radius, tq, tk, tv, rel_shift, radial_a, scale, deterministic = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, offsets, coords, radius, tq, tk, tv)
-    ctx.params = (rel_shift, radial_a, scale, deterministic)
-    ctx.has_table = (tq is not None, tk is not None, tv is not None)
-
-
-def _backward(ctx, grad_out, grad_lse):
-    q, k, v, out, lse, offsets, coords, radius, tq, tk, tv = ctx.saved_tensors
-    rel_shift, radial_a, scale, deterministic = ctx.params
-    refuse_double_backward("window_attention", grad_out, q, k, v, tq, tk, tv)
-    dq, dk, dv, dtq, dtk, dtv = _ops.window_attention_bwd(grad_out.contiguous(), q, k, v, out, lse, offsets, coords,
-                                                          radius, tq, tk, tv, rel_shift, radial_a, scale,
-                                                          deterministic)
-    tables = [g if has else None for g, has in zip((dtq, dtk, dtv), ctx.has_table)]
-    return (dq, dk, dv, None, None, None, *tables, None, None, None, None)
-
-
-torch.library.register_autograd("sptr::window_attention_fwd", _backward, setup_context=_setup)
-
-
 # ----------------------------------------------------------------------------------------------- entry point
 def _check_rel_pos(rel_pos: RelativePosition, n: int, h: int, d: int, device, checks: ValueChecks) -> None:
     if not isinstance(rel_pos, RelativePosition):
@@ -91,13 +70,17 @@ def _check_rel_pos(rel_pos: RelativePosition, n: int, h: int, d: int, device, ch
               if t is not None]
     if not tables:
         raise ValueError("rel_pos needs at least one of query_table, key_table, value_table")
-    for name, t in tables:
+    first = tables[0][1]
+    for i, (name, t) in enumerate(tables):
+        # a table of the first one's shape, dtype and device passes (the usual call: three alike)
+        if i and isinstance(t, Tensor) and t.shape == first.shape and t.dtype == first.dtype and t.device == first.device:
+            continue
         check_tensor(f"rel_pos.{name}", t, dim=4, dtypes=FLOATING, device=device)
         check_shape(f"rel_pos.{name}", t, (None, 3, h, d))
-    length = tables[0][1].shape[0]
-    if any(t.shape[0] != length for _, t in tables):
-        lengths = ", ".join(f"{name} {t.shape[0]}" for name, t in tables)
-        raise ValueError(f"rel_pos tables must have the same length L, got {lengths}")
+        if t.shape[0] != first.shape[0]:
+            lengths = ", ".join(f"{name} {t.shape[0]}" for name, t in tables)
+            raise ValueError(f"rel_pos tables must have the same length L, got {lengths}")
+    length = first.shape[0]
     if length < 1:
         raise ValueError("rel_pos tables must have L >= 1 rows")
     if rel_pos.radius is not None:
@@ -114,8 +97,9 @@ def _check_rel_pos(rel_pos: RelativePosition, n: int, h: int, d: int, device, ch
         raise ValueError(f"rel_pos.rel_shift must be in [0, (L-1)/2] so that coords_i - coords_j + rel_shift "
                          f"stays in [0, L-1] (L = {length}), got {shift}")
     # coords_i - coords_j + rel_shift in [0, L-1] for every pair; with a radius, column 2 is not a coordinate
-    linear = rel_pos.coords if rel_pos.radius is None else rel_pos.coords[:, :2]
-    checks.range("rel_pos.coords", linear, 0, shift + 1)
+    if data_checks_enabled():
+        linear = rel_pos.coords if rel_pos.radius is None else rel_pos.coords[:, :2]
+        checks.range("rel_pos.coords", linear, 0, shift + 1)
 
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, window_offsets: Tensor, *,
@@ -146,25 +130,25 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window_offsets: Tensor, *,
     if rel_pos is not None:
         _check_rel_pos(rel_pos, n, h, d, q.device, checks)
     checks.run()
-    tables = rel_pos.tables() if rel_pos is not None else (None, None, None)
+    floats = [q, k, v, *(rel_pos.tables() if rel_pos is not None else (None, None, None))]
     dtype = autocast_dtype(q.device)
-    floats = [t for t in (q, k, v, *tables) if t is not None]
     if dtype is None:
-        dtype = q.dtype
-        odd = next((t for t in floats if t.dtype != dtype), None)
-        if odd is not None:
-            raise TypeError(f"q, k, v and the rel_pos tables must share one dtype, got {q.dtype} and {odd.dtype} "
-                            "(cast them, or run under autocast)")
-    # Tensor.to costs ~1 µs of host time even when it returns its input: only call it for a real cast.
-    cast = lambda t, to=dtype: t if t is None or t.dtype == to else t.to(to)  # noqa: E731
+        for t in floats:
+            if t is not None and t.dtype != q.dtype:
+                raise TypeError(f"q, k, v and the rel_pos tables must share one dtype, got {q.dtype} and "
+                                f"{t.dtype} (cast them, or run under autocast)")
+    else:  # Tensor.to costs ~1 µs of host time even when it returns its input: only call it for a real cast
+        floats = [t if t is None or t.dtype == dtype else t.to(dtype) for t in floats]
     coords = radius = None
     rel_shift, radial_a = 0, 0.0
     if rel_pos is not None:
-        coords = cast(rel_pos.coords, torch.int32)
+        coords = rel_pos.coords if rel_pos.coords.dtype == torch.int32 else rel_pos.coords.int()
         rel_shift = int(rel_pos.rel_shift)
         if rel_pos.radius is not None:
-            radius, radial_a = cast(rel_pos.radius, torch.float32), float(rel_pos.radial_a)
+            radius = rel_pos.radius if rel_pos.radius.dtype == torch.float32 else rel_pos.radius.float()
+            radial_a = float(rel_pos.radial_a)
     scale = d ** -0.5 if scale is None else float(scale)
-    out, _ = _ops.window_attention_fwd(cast(q), cast(k), cast(v), window_offsets, coords, radius,
-                                       *(cast(t) for t in tables), rel_shift, radial_a, scale, bool(deterministic))
+    q, k, v, tq, tk, tv = floats
+    out, _ = _ops.window_attention_fwd(q, k, v, window_offsets, coords, radius, tq, tk, tv, rel_shift, radial_a,
+                                       scale, bool(deterministic))
     return out

@@ -199,10 +199,12 @@ def test_opcheck_and_gradcheck_cpu():
     q, k, v, offsets, rel_pos = make_case([1, 4, 6, 0, 3], 2, 5, torch.float64, "cpu",
                                           ("query", "key", "value"), radial=True, qgl=3)
     tq, tk, tv = rel_pos.tables()
-    args = (q, k, v, offsets, rel_pos.coords, rel_pos.radius.float(), tq, tk, tv, rel_pos.rel_shift,
+    # inputs that require grad, so that opcheck also checks the autograd registration (C++, Autograd key)
+    grads = [t.detach().clone().requires_grad_(True) for t in (q, k, v, tq, tk, tv)]
+    args = (*grads[:3], offsets, rel_pos.coords, rel_pos.radius.float(), *grads[3:], rel_pos.rel_shift,
             rel_pos.radial_a, 0.7, False)
     torch.library.opcheck(torch.ops.sptr.window_attention_fwd.default, args)
-    plain = (q, k, v, offsets, None, None, None, None, None, 0, 0.0, 0.7, False)
+    plain = (*grads[:3], offsets, None, None, None, None, None, 0, 0.0, 0.7, False)
     torch.library.opcheck(torch.ops.sptr.window_attention_fwd.default, plain)
 
     def f(q, k, v, tq, tk, tv):
@@ -216,7 +218,7 @@ def test_opcheck_and_gradcheck_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_opcheck_cuda():
     q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, torch.float16, "cuda", ("query", "key", "value"))
-    tq, tk, tv = rel_pos.tables()
+    q, k, v, tq, tk, tv = (t.detach().clone().requires_grad_(True) for t in (q, k, v, *rel_pos.tables()))
     args = (q, k, v, offsets, rel_pos.coords, None, tq, tk, tv, rel_pos.rel_shift, 0.0, 0.25, False)
     torch.library.opcheck(torch.ops.sptr.window_attention_fwd.default, args)
 
