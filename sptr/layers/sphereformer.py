@@ -13,12 +13,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..ops.sparse_attention import fused_sparse_self_attention, sparse_self_attention
+from ..ops.sparse_attention import sparse_self_attention
 from ..ops._checks import FLOATING, check_shape, check_tensor
 from ..ops.windowing import check_points, get_indices_params, to_3d_numpy
 from .config import LayerConfig, check_fraction, check_positive, check_sizes
 from .sparse_tensor import SparseTrTensor, check_features
-from .var_length_attention import cached_windows, check_attention_path, quant_grid_length
+from .var_length_attention import attend_in_windows, check_attention_path, quant_grid_length
 
 
 def cart2sphere(xyz: torch.Tensor) -> torch.Tensor:
@@ -110,13 +110,12 @@ class SparseMultiheadSASphereConcat(nn.Module):
         return (tables[0] if both else None, tables[1] if both else None, tables[2] if self.rel_value else None)
 
     def _fused(self, sptr_tensor, key, q, k, v, xyz, batch, window, quant, qgl, tables, radial_a=None):
-        sort_idx, offsets = cached_windows(sptr_tensor, key, xyz, batch, window, self.shift_win)
         dtype = self.attention_dtype
         tables = tuple(None if t is None else t.to(dtype) for t in self._logit_and_value_tables(tables))
         # attention_dtype decides, not autocast (which would cast the fused op's inputs to its own dtype)
         with torch.autocast(q.device.type, enabled=False):
-            return fused_sparse_self_attention(q.to(dtype), k.to(dtype), v.to(dtype), xyz, sort_idx, offsets,
-                                               window, self.shift_win, self.scale, quant, qgl, tables, radial_a)
+            return attend_in_windows(sptr_tensor, key, q.to(dtype), k.to(dtype), v.to(dtype), xyz, batch, window,
+                                     self.shift_win, self.scale, quant, qgl, tables, radial_a)
 
     def _step(self, q, k, v, xyz, params, window, quant, qgl, tables, split_func=None):
         index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx = params

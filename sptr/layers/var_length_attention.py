@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..ops._checks import data_checks
 from ..ops.sparse_attention import fused_sparse_self_attention, sparse_self_attention
 from ..ops.windowing import get_indices_params, to_3d_numpy, window_partition
 from .config import LayerConfig, check_fraction, check_positive, check_sizes
@@ -42,6 +43,18 @@ def cached_windows(sptr_tensor, key, xyz, batch, window_size, shift_win):
     """``(sort_idx, window_offsets)`` of the fused path, cached in ``indice_dict`` under ``key``."""
     return cached_indices(sptr_tensor, key, window_size, shift_win,
                           lambda: window_partition(xyz, batch, window_size, shift_win))
+
+
+def attend_in_windows(sptr_tensor, key, q, k, v, xyz, batch, window_size, shift_win, scale, quant_size=None,
+                      quant_grid_length=None, tables=(None, None, None), radial_a=None):
+    """The fused attention of a layer over its (cached) windows of ``xyz``. The window offsets and quantised
+    coordinates are built here from points whose coordinates ``window_partition`` checked, so they are valid
+    by construction (a relative position pushed past the table by rounding at a window's edge is clamped to
+    it by the kernel); their value checks would only add a host sync to every call, and are skipped."""
+    sort_idx, offsets = cached_windows(sptr_tensor, key, xyz, batch, window_size, shift_win)
+    with data_checks(False):
+        return fused_sparse_self_attention(q, k, v, xyz, sort_idx, offsets, window_size, shift_win, scale,
+                                           quant_size, quant_grid_length, tables, radial_a)
 
 
 def quant_grid_length(window_size: np.ndarray, quant_size: np.ndarray, what: str = "window_size / quant_size") -> int:
@@ -189,12 +202,10 @@ class VarLengthMultiheadSA(nn.Module):
     def _fused(self, sptr_tensor, query, key, value, xyz, batch):
         n, h, d = query.shape[0], self.num_heads, self.head_dim
         q, k, v = (lin(x).reshape(n, h, d) for lin, x in ((self.q, query), (self.k, key), (self.v, value)))
-        sort_idx, offsets = cached_windows(sptr_tensor, f"{self.indice_key}/fused", xyz, batch, self.window_size,
-                                           self.shift_win)
         contextual = self.pe_type == "contextual"
-        return fused_sparse_self_attention(q, k, v, xyz, sort_idx, offsets, self.window_size, self.shift_win,
-                                           self.scale, self.quant_size if contextual else None,
-                                           self.quant_grid_length if contextual else None, self._tables())
+        return attend_in_windows(sptr_tensor, f"{self.indice_key}/fused", q, k, v, xyz, batch, self.window_size,
+                                 self.shift_win, self.scale, self.quant_size if contextual else None,
+                                 self.quant_grid_length if contextual else None, self._tables())
 
     def _step(self, sptr_tensor, query, key, value, xyz, batch):
         n, c = query.shape

@@ -73,6 +73,29 @@ def test_index_cache_hit_and_mismatch(attention, cache_key):
         make(0.4)(t)
 
 
+def test_fused_layers_check_values_only_when_building_windows(monkeypatch):
+    """The fused layers' attention runs without value checks (each would be a host sync on CUDA): only the
+    finite-coordinates check of a window partition runs, once per partition (the block's cubic and spherical
+    windows; none when VarLengthMultiheadSA reuses the cached windows)."""
+    from sptr.ops import _checks
+
+    checked = []
+    run = _checks.ValueChecks.run
+    monkeypatch.setattr(_checks.ValueChecks, "run", lambda self: (checked.extend(c[0] for c in self._checks),
+                                                                  run(self))[1])
+    xyz, batch, feats = points()
+    SphereFormer(SphereFormerConfig(window_size=(0.6, 0.6, 0.6), quant_size=(0.05, 0.05, 0.05)))(feats, xyz, batch)
+    assert checked == ["xyz", "xyz"]
+    checked.clear()
+    t = sptr.SparseTrTensor(feats, torch.cat([batch[:, None].float(), xyz], 1), None, 2)
+    layer = sptr.VarLengthMultiheadSA(32, 2, "k", 0.3, pe_type="contextual", rel_query=True, rel_key=True,
+                                      rel_value=True, quant_size=0.0125)
+    layer(t)
+    assert checked == ["xyz"]
+    layer(t)
+    assert checked == ["xyz"]
+
+
 @pytest.mark.parametrize("pe", ["none", "contextual"])
 def test_fused_and_step_paths_agree(pe):
     xyz, batch, feats = points()
