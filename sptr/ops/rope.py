@@ -3,7 +3,8 @@
 q ``[B, Hq, S, D]``, k ``[B, Hk, S, D]`` (any strides, e.g. transposed ``[B, S, H, D]`` views), one dtype in
 fp16/bf16/fp32/fp64; cos/sin ``[3, B, S, D]`` (stride 0 over B allowed) with ``mrope_section`` (undoubled,
 e.g. ``[16, 24, 24]``), or an already composed ``[B, S, D]``; fp32 or q's dtype. The result equals
-transformers' ``apply_multimodal_rotary_pos_emb`` bit for bit (same rounding in q's dtype).
+transformers' ``apply_multimodal_rotary_pos_emb`` bit for bit (same rounding in q's dtype). The autograd of
+``mrope_fwd`` (trainable cos/sin included) is registered in C++ (rope_autograd.cpp), for its host time.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, check_tensor, is_int, refuse_double_backward
+from ._checks import FLOATING, check_tensor, is_int
 
 _ops = torch.ops.sptr
 LAYOUTS = ("hf", "wallx")
@@ -40,59 +41,6 @@ def _mrope_out_fake(q, k, cos, sin, mrope_section, hf_layout, q_out, k_out):
 @torch.library.register_fake("sptr::mrope_")
 def _mrope_inplace_fake(q, k, cos, sin, mrope_section, hf_layout):
     return None
-
-
-def _setup(ctx, inputs, output):
-    q, k, cos, sin, section, hf_layout, promote = inputs
-    ctx.section, ctx.hf_layout = section, hf_layout
-    ctx.shapes = (q.shape, k.shape)
-    ctx.input_dtype = q.dtype if output[0].dtype != q.dtype else None  # promoted: the gradient comes in fp32
-    ctx.save_for_backward(cos, sin, q if cos.requires_grad or sin.requires_grad else None,
-                          k if cos.requires_grad or sin.requires_grad else None)
-
-
-def _stream_gather_index(d: int, section, hf_layout: bool, device) -> Tensor:
-    """Stream σ(d) of every dim (matches the kernel's selection)."""
-    j = torch.arange(d, device=device)
-    j = j % (d // 2) if hf_layout else j // 2
-    c1, c2 = section[0], section[0] + section[1]
-    return (j >= c1).long() + (j >= c2).long()
-
-
-def _table_grads(grad_q, grad_k, q, k, cos, sin, section, hf_layout):
-    """d cos / d sin (trainable tables) exactly as autograd computes them for transformers' eager expression:
-    per operand the gradient times q (or rotate_half(q)) in the promoted dtype, reduced over heads (and batch,
-    for a batch-1 table) by one ``sum_to_size``, the q and k parts added; each dim goes to its stream only."""
-    def rot(x):
-        x1, x2 = x.chunk(2, -1)
-        return torch.cat([-x2, x1], -1)
-
-    composed = (cos.shape[-3], 1, q.shape[-2], q.shape[-1])  # the [B, 1, S, D] table q and k are multiplied by
-    gc = (grad_q * q).sum_to_size(composed) + (grad_k * k).sum_to_size(composed)
-    gs = (grad_q * rot(q)).sum_to_size(composed) + (grad_k * rot(k)).sum_to_size(composed)
-    gc, gs = gc.squeeze(1), gs.squeeze(1)
-    if cos.dim() == 3:
-        return gc, gs
-    stream = _stream_gather_index(q.shape[-1], section, hf_layout, q.device)
-    selected = torch.nn.functional.one_hot(stream, 3).t().bool()[:, None, None, :]  # [3, 1, 1, D]
-    return torch.where(selected, gc[None], 0), torch.where(selected, gs[None], 0)
-
-
-def _backward(ctx, grad_q, grad_k):
-    cos, sin, q, k = ctx.saved_tensors
-    refuse_double_backward("apply_rotary", grad_q, grad_k, cos, sin, q, k)
-    # An output that took no part in the loss has no gradient: treat it as zeros.
-    grad_q = grad_q if grad_q is not None else grad_k.new_zeros(ctx.shapes[0])
-    grad_k = grad_k if grad_k is not None else grad_q.new_zeros(ctx.shapes[1])
-    gq, gk = _ops.mrope_bwd(grad_q, grad_k, cos, sin, ctx.section, ctx.hf_layout, ctx.input_dtype)
-    dcos = dsin = None
-    if q is not None:
-        dcos, dsin = _table_grads(grad_q, grad_k, q, k, cos, sin, ctx.section, ctx.hf_layout)
-        dcos, dsin = dcos.to(cos.dtype), dsin.to(sin.dtype)
-    return gq, gk, dcos, dsin, None, None, None
-
-
-torch.library.register_autograd("sptr::mrope_fwd", _backward, setup_context=_setup)
 
 
 def _check(q, k, cos, sin, mrope_section, section_layout):

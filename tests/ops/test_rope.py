@@ -118,6 +118,11 @@ def test_opcheck_and_errors():
     cos, sin = tables(1, 4, 16, torch.float32, "cpu")
     q, k = qk(1, 2, 1, 4, 16, torch.float32, "cpu", transposed=True)
     torch.library.opcheck(torch.ops.sptr.mrope_fwd.default, (q.requires_grad_(), k, cos, sin, [2, 3, 3], True))
+    # trainable tables and a composed table: the C++ autograd's table gradients, traced with dynamic shapes too
+    grads = [t.detach().clone().requires_grad_() for t in (q, k, cos, sin)]
+    torch.library.opcheck(torch.ops.sptr.mrope_fwd.default, (*grads, [2, 3, 3], False))
+    torch.library.opcheck(torch.ops.sptr.mrope_fwd.default, (*grads[:2], cos[0].detach().requires_grad_(),
+                                                             sin[0].detach().requires_grad_(), [], True))
     torch.library.opcheck(torch.ops.sptr.mrope_bwd.default, (q.detach(), k, cos, sin, [2, 3, 3], False))
     torch.library.opcheck(torch.ops.sptr.mrope_.default, (q.detach().clone(), k.clone(), cos, sin, [2, 3, 3], True))
     with pytest.raises(ValueError, match="mrope_section"):

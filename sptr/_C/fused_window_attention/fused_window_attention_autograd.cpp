@@ -1,14 +1,9 @@
-// Autograd of the fused window attention, in C++ rather than torch.library.register_autograd: the Python
-// autograd.Function that register_autograd builds costs ~40 µs of host time per call with gradients on (and
-// ~5 µs without), several times this op's whole host budget (measured in benchmarks/RESULTS.md). The forward
-// saves q, k, v, out and lse; the backward recomputes the attention in one window_attention_bwd call.
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <torch/autograd.h>
+// Autograd of the fused window attention in C++ (see sptr/autograd.h for why not register_autograd). The
+// forward saves q, k, v, out and lse; the backward recomputes the attention in one window_attention_bwd call.
 #include <torch/library.h>
 
-#include <sptr/checks.h>
+#include <sptr/autograd.h>
 
-#include <optional>
 #include <tuple>
 
 namespace sptr {
@@ -27,20 +22,6 @@ using BwdSignature = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>(
     const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&, const OptTensor&, int64_t, double,
     double, bool);
 
-const c10::TypedOperatorHandle<FwdSignature>& forward_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("sptr::window_attention_fwd", "").typed<FwdSignature>();
-  return op;
-}
-
-const c10::TypedOperatorHandle<BwdSignature>& backward_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("sptr::window_attention_bwd", "").typed<BwdSignature>();
-  return op;
-}
-
-OptTensor optional(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
-
 class WindowAttention : public torch::autograd::Function<WindowAttention> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -48,8 +29,9 @@ class WindowAttention : public torch::autograd::Function<WindowAttention> {
                                const OptTensor& table_q, const OptTensor& table_k, const OptTensor& table_v,
                                int64_t rel_shift, double radial_a, double scale, bool deterministic) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse] = forward_op().call(q, k, v, offsets, coords, radius, table_q, table_k, table_v, rel_shift,
-                                        radial_a, scale, deterministic);
+    static const auto op = typed_op<FwdSignature>("sptr::window_attention_fwd");
+    auto [out, lse] = op.call(q, k, v, offsets, coords, radius, table_q, table_k, table_v, rel_shift, radial_a,
+                              scale, deterministic);
     const Tensor none;
     ctx->save_for_backward({q, k, v, out, lse, offsets, coords.value_or(none), radius.value_or(none),
                             table_q.value_or(none), table_k.value_or(none), table_v.value_or(none)});
@@ -64,18 +46,10 @@ class WindowAttention : public torch::autograd::Function<WindowAttention> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();
     const Tensor& grad_out = grads[0];
-    // The backward kernel is not differentiable; PyTorch would otherwise only warn and return zeros as the
-    // second-order gradient (same refusal as the Python ops' refuse_double_backward).
-    if (at::GradMode::is_enabled()) {
-      bool any = grad_out.requires_grad();
-      for (int i : {0, 1, 2, 8, 9, 10}) any = any || (s[i].defined() && s[i].requires_grad());
-      TORCH_CHECK(!any, msg("window_attention has no second-order gradient: its backward is a fused kernel that is "
-                            "not differentiable. Call torch.autograd.grad / backward without create_graph=True "
-                            "through it (double backward, Hessian-vector products and gradient penalties are not "
-                            "supported by this op)"));
-    }
+    refuse_double_backward("window_attention", {&grad_out, &s[0], &s[1], &s[2], &s[8], &s[9], &s[10]});
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [dq, dk, dv, dtq, dtk, dtv] = backward_op().call(
+    static const auto op = typed_op<BwdSignature>("sptr::window_attention_bwd");
+    auto [dq, dk, dv, dtq, dtk, dtv] = op.call(
         grad_out.contiguous(), s[0], s[1], s[2], s[3], s[4], s[5], optional(s[6]), optional(s[7]), optional(s[8]),
         optional(s[9]), optional(s[10]), ctx->saved_data["rel_shift"].toInt(), ctx->saved_data["radial_a"].toDouble(),
         ctx->saved_data["scale"].toDouble(), ctx->saved_data["deterministic"].toBool());

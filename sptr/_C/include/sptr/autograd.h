@@ -1,0 +1,38 @@
+// Helpers of the ops whose autograd is registered in C++ (an Autograd-key kernel built on
+// torch::autograd::Function): torch.library.register_autograd's Python autograd.Function costs ~45 µs of host
+// time per call with gradients on, more than the rest of these ops' calls (benchmarks/RESULTS.md).
+#pragma once
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+
+#include <sptr/checks.h>
+
+#include <initializer_list>
+#include <optional>
+
+namespace sptr {
+
+// The op `name` ("sptr::<name>") as a typed handle; callers keep it in a function-local static.
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> typed_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+inline std::optional<at::Tensor> optional(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
+// A backward built on a backward kernel that is not itself differentiable: under create_graph=True PyTorch
+// would only warn and give second-order gradients of exactly zero; fail instead (the same message as the
+// Python ops' refuse_double_backward).
+inline void refuse_double_backward(const char* op, std::initializer_list<const at::Tensor*> tensors) {
+  if (!at::GradMode::is_enabled()) return;
+  for (const at::Tensor* t : tensors) {
+    TORCH_CHECK(!(t->defined() && t->requires_grad()),
+                msg(op, " has no second-order gradient: its backward is a fused kernel that is not differentiable. "
+                        "Call torch.autograd.grad / backward without create_graph=True through it (double "
+                        "backward, Hessian-vector products and gradient penalties are not supported by this op)"));
+  }
+}
+
+}  // namespace sptr

@@ -1,0 +1,97 @@
+// Autograd of mRoPE in C++ (see sptr/autograd.h for why not register_autograd). The backward rotates the
+// gradients back with mrope_bwd; trainable cos/sin get their gradients as autograd computes them for
+// transformers' eager expression `q * cos + rotate_half(q) * sin` (same ops, same reduction order), so they
+// stay bit-exact to it.
+#include <torch/library.h>
+
+#include <sptr/autograd.h>
+
+#include <tuple>
+#include <vector>
+
+namespace sptr {
+namespace {
+
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+using FwdSignature = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                at::IntArrayRef, bool, bool);
+using BwdSignature = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                at::IntArrayRef, bool, std::optional<at::ScalarType>);
+
+Tensor rotate_half(const Tensor& x) {
+  const auto halves = x.chunk(2, -1);
+  return at::cat({halves[1].neg(), halves[0]}, -1);
+}
+
+// d cos / d sin: per operand the gradient times q (or rotate_half(q)) in the promoted dtype, reduced over heads
+// (and batch, for a batch-1 table) by one sum_to_size, the q and k parts added; with [3, B, S, D] stream
+// tables each dim goes to its stream only (the stream the kernel reads it from).
+std::tuple<Tensor, Tensor> table_grads(const Tensor& gq, const Tensor& gk, const Tensor& q, const Tensor& k,
+                                       const Tensor& cos, at::IntArrayRef section, bool hf_layout) {
+  const std::vector<c10::SymInt> composed{cos.sym_size(-3), 1, q.sym_size(-2), q.sym_size(-1)};
+  Tensor gc = (gq * q).sum_to_size_symint(composed) + (gk * k).sum_to_size_symint(composed);
+  Tensor gs = (gq * rotate_half(q)).sum_to_size_symint(composed) + (gk * rotate_half(k)).sum_to_size_symint(composed);
+  gc = gc.squeeze(1);
+  gs = gs.squeeze(1);
+  if (cos.dim() == 3) return {gc, gs};
+  const c10::SymInt d = q.sym_size(-1);
+  Tensor j = at::arange(at::Scalar(d), q.options().dtype(at::kLong));
+  j = hf_layout ? at::remainder(j, at::Scalar(d / 2)) : at::div(j, 2, "floor");
+  const Tensor stream = at::ge(j, section[0]).to(at::kLong) + at::ge(j, section[0] + section[1]).to(at::kLong);
+  const Tensor selected = at::one_hot(stream, 3).t().to(at::kBool).unsqueeze(1).unsqueeze(1);  // [3, 1, 1, D]
+  return {at::where(selected, gc.unsqueeze(0), 0), at::where(selected, gs.unsqueeze(0), 0)};
+}
+
+class MultimodalRope : public torch::autograd::Function<MultimodalRope> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& cos,
+                               const Tensor& sin, at::IntArrayRef section, bool hf_layout, bool promote) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static const auto op = typed_op<FwdSignature>("sptr::mrope_fwd");
+    auto [q_out, k_out] = op.call(q, k, cos, sin, section, hf_layout, promote);
+    const bool tables_grad = cos.requires_grad() || sin.requires_grad();
+    const Tensor none;
+    ctx->save_for_backward({cos, sin, tables_grad ? q : none, tables_grad ? k : none});
+    ctx->saved_data["section"] = section.vec();
+    ctx->saved_data["hf_layout"] = hf_layout;
+    // promoted: the gradients come in fp32 and go back in q's dtype
+    ctx->saved_data["input_dtype"] = q_out.scalar_type() != q.scalar_type() ? c10::IValue(q.scalar_type())
+                                                                             : c10::IValue();
+    return {q_out, k_out};
+  }
+
+  // Gradients of outputs that took no part in the loss arrive as zeros (materialised by autograd).
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();  // cos, sin, q, k (q, k only for trainable tables)
+    refuse_double_backward("apply_rotary", {&grads[0], &grads[1], &s[0], &s[1], &s[2], &s[3]});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const std::vector<int64_t> section = ctx->saved_data["section"].toIntVector();
+    const bool hf_layout = ctx->saved_data["hf_layout"].toBool();
+    const c10::IValue& input_dtype = ctx->saved_data["input_dtype"];
+    static const auto op = typed_op<BwdSignature>("sptr::mrope_bwd");
+    auto [gq, gk] = op.call(grads[0], grads[1], s[0], s[1], section, hf_layout,
+                            input_dtype.isNone() ? std::nullopt : std::optional(input_dtype.toScalarType()));
+    Tensor dcos, dsin;
+    if (s[2].defined()) {
+      std::tie(dcos, dsin) = table_grads(grads[0], grads[1], s[2], s[3], s[0], section, hf_layout);
+      dcos = dcos.to(s[0].scalar_type());
+      dsin = dsin.to(s[1].scalar_type());
+    }
+    return {gq, gk, dcos, dsin, Tensor(), Tensor(), Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor> mrope_fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin,
+                                              at::IntArrayRef section, bool hf_layout, bool promote) {
+  variable_list outs = MultimodalRope::apply(q, k, cos, sin, section, hf_layout, promote);
+  return {outs[0], outs[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(sptr, Autograd, m) { m.impl("mrope_fwd", &mrope_fwd_autograd); }
+
+}  // namespace sptr
