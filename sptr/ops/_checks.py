@@ -199,13 +199,3 @@ def common_float_dtype(**tensors: Tensor) -> torch.dtype:
         f"{odd} has dtype {named[odd].dtype} but {first} has {named[first].dtype}; "
         "floating inputs of one op must share a dtype (cast them, or run under autocast to promote)"
     )
-
-
-def refuse_double_backward(op: str, *tensors) -> None:
-    """Called in a backward built on a backward kernel that is not itself differentiable. Under
-    ``create_graph=True`` PyTorch would only warn and give second-order gradients of exactly zero; fail instead."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        raise RuntimeError(
-            f"{op} has no second-order gradient: its backward is a fused kernel that is not differentiable. "
-            "Call torch.autograd.grad / backward without create_graph=True through it (double backward, "
-            "Hessian-vector products and gradient penalties are not supported by this op)")

@@ -2,7 +2,8 @@
 
 Routing ops keep their inputs' dtype (fp32/fp16/bf16/fp64) and never wait for the host: the expert offsets
 they produce stay on the device, so a whole MoE layer is capturable in a CUDA graph and compiles to one graph.
-The GEMMs accumulate in fp32 and round once; under autocast they run in the autocast dtype.
+The GEMMs accumulate in fp32 and round once; under autocast they run in the autocast dtype. The ops' autograd
+is registered in C++ (moe_autograd.cpp), for its host time.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, autocast_dtype, check_tensor, refuse_double_backward
+from ._checks import FLOATING, autocast_dtype, check_tensor
 
 _ops = torch.ops.sptr
 ROUTING_IDS = (torch.int32, torch.int64, torch.bool, torch.uint8)
@@ -96,109 +97,6 @@ def _dual_fake(a0, a1, w0, w1, trans_a, trans_b):
 @torch.library.register_fake("sptr::dual_gemm_out")
 def _dual_out_fake(a0, a1, w0, w1, trans_a, trans_b, c0, c1):
     return None
-
-
-# ------------------------------------------------------------------------------------------------- autograd
-def _permute_setup(ctx, inputs, output):
-    x, expert_ids, *_ = inputs
-    ctx.num_tokens = x.shape[0]
-    ctx.save_for_backward(output[1])
-
-
-def _permute_backward(ctx, grad_perm, *_):
-    (row_id_map,) = ctx.saved_tensors
-    return _ops.moe_unpermute_fwd(grad_perm.contiguous(), row_id_map, None, ctx.num_tokens), None, None, None, None
-
-
-torch.library.register_autograd("sptr::moe_permute", _permute_backward, setup_context=_permute_setup)
-
-
-def _unpermute_setup(ctx, inputs, output):
-    x_perm, row_id_map, probs, _ = inputs
-    need_probs = probs is not None and ctx.needs_input_grad[2]
-    ctx.probs_dtype = None if probs is None else probs.dtype
-    ctx.save_for_backward(x_perm if need_probs else None, row_id_map, probs)
-    ctx.perm_shape = x_perm.shape
-
-
-def _unpermute_backward(ctx, grad):
-    x_perm, row_id_map, probs = ctx.saved_tensors
-    refuse_double_backward("unpermute", grad, x_perm, probs)
-    need_probs = x_perm is not None
-    y = x_perm if need_probs else grad.new_empty(ctx.perm_shape)  # values read only for the probs gradient
-    d_perm, d_probs = _ops.moe_unpermute_bwd(grad.contiguous(), y, row_id_map, probs, need_probs)
-    return d_perm, None, d_probs.to(ctx.probs_dtype) if need_probs else None, None
-
-
-torch.library.register_autograd("sptr::moe_unpermute_fwd", _unpermute_backward, setup_context=_unpermute_setup)
-
-
-def _swiglu_setup(ctx, inputs, output):
-    h, offsets, widths = inputs
-    ctx.widths = widths
-    ctx.save_for_backward(h, offsets)
-
-
-def _swiglu_backward(ctx, grad):
-    h, offsets = ctx.saved_tensors
-    refuse_double_backward("grouped SwiGLU", grad, h)
-    return _ops.moe_swiglu_bwd(grad.contiguous(), h, offsets, ctx.widths), None, None
-
-
-torch.library.register_autograd("sptr::moe_swiglu_fwd", _swiglu_backward, setup_context=_swiglu_setup)
-
-
-def _grouped_linear_setup(ctx, inputs, output):
-    x, weights, offsets = inputs
-    ctx.groups = offsets.shape[0] - 1
-    ctx.x_cols = x.shape[1]
-    ctx.save_for_backward(x, offsets, *weights)
-
-
-def _grouped_linear_backward(ctx, grad):
-    x, offsets, *weights = ctx.saved_tensors
-    G = ctx.groups
-    P = len(weights) // G
-    stacked = [torch.cat(weights[g * P:(g + 1) * P]) if P > 1 else weights[g] for g in range(G)]  # [n_g, k_g]
-    grad = grad.contiguous()
-    dx = dw = None
-    if ctx.needs_input_grad[0]:
-        dx = _ops.moe_grouped_linear(grad, [w.t().contiguous() for w in stacked], offsets)
-        if dx.shape[1] < ctx.x_cols:
-            dx = torch.nn.functional.pad(dx, (0, ctx.x_cols - dx.shape[1]))
-    if ctx.needs_input_grad[1]:
-        refuse_double_backward("grouped linear (weight gradient)", grad, x)
-        dw_groups = _ops.moe_grouped_linear_wgrad(grad, x, offsets, [w.shape[0] for w in stacked],
-                                                  [w.shape[1] for w in stacked])
-        dw = [part for g in range(G) for part in dw_groups[g].split([w.shape[0] for w in weights[g * P:(g + 1) * P]])]
-    return dx, dw, None
-
-
-torch.library.register_autograd("sptr::moe_grouped_linear", _grouped_linear_backward,
-                                setup_context=_grouped_linear_setup)
-
-
-def _dual_setup(ctx, inputs, output):
-    a0, a1, w0, w1, trans_a, trans_b = inputs
-    ctx.trans = (trans_a, trans_b)
-    ctx.save_for_backward(a0, a1, w0, w1)
-
-
-def _dual_backward(ctx, g0, g1):
-    a0, a1, w0, w1 = ctx.saved_tensors
-    ta, tb = ctx.trans
-    g0 = g0 if g0 is not None else a0.new_zeros(_dual_shape(a0, w0, ta, tb))
-    g1 = g1 if g1 is not None else a1.new_zeros(_dual_shape(a1, w1, ta, tb))
-    need = ctx.needs_input_grad
-    da0 = da1 = dw0 = dw1 = None
-    if need[0] or need[1]:  # dA = G·Bᵀ; d in = dA, or dAᵀ = B·Gᵀ with trans_a
-        da0, da1 = (_ops.dual_gemm(w0, w1, g0, g1, tb, True) if ta else _ops.dual_gemm(g0, g1, w0, w1, False, not tb))
-    if need[2] or need[3]:  # dB = Aᵀ·G; d w = dB, or dBᵀ = Gᵀ·A with trans_b
-        dw0, dw1 = (_ops.dual_gemm(g0, g1, a0, a1, True, ta) if tb else _ops.dual_gemm(a0, a1, g0, g1, not ta, False))
-    return da0, da1, dw0, dw1, None, None
-
-
-torch.library.register_autograd("sptr::dual_gemm", _dual_backward, setup_context=_dual_setup)
 
 
 # ------------------------------------------------------------------------------------------------ public API

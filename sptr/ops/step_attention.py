@@ -4,6 +4,7 @@ Pairs ``m`` join a query ``index_0[m]`` and a key ``index_1[m]``; ``index_0_offs
 row of pairs (query-major, see :func:`precompute_all`). ``h`` heads, ``d`` head dim, tables ``(L, 3, h, d)``,
 ``rel_idx (M, 3)``. Floating inputs: fp16/bf16/fp32/fp64 (one dtype per call; fp16/bf16 accumulate in fp32).
 Index tensors: int32 or int64; ``rel_idx``: int8/16/32/64. ``n_max`` arguments are launch hints, ignored.
+The ops' autograd is registered in C++ (window_attention_autograd.cpp), for its host time.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from ._checks import (
     check_shape,
     check_tensor,
     common_float_dtype,
-    refuse_double_backward,
 )
 
 _ops = torch.ops.sptr
@@ -70,53 +70,6 @@ def _softmax_fake(src, indptr):
 @torch.library.register_fake("sptr::window_softmax_bwd")
 def _softmax_bwd_fake(grad, out, indptr):
     return out.new_empty(out.shape)
-
-
-# ------------------------------------------------------------------------------------------------- autograd
-def _pair_logits_setup(ctx, inputs, output):
-    q, k, index_0, index_1, table_q, table_k, rel_idx, with_qk = inputs
-    ctx.save_for_backward(q, k, index_0, index_1, table_q, table_k, rel_idx)
-    ctx.with_qk = with_qk
-
-
-def _pair_logits_backward(ctx, grad):
-    q, k, index_0, index_1, table_q, table_k, rel_idx = ctx.saved_tensors
-    refuse_double_backward("pair_logits", grad, q, k, table_q, table_k)
-    dq, dk, dtq, dtk = _ops.window_pair_logits_bwd(grad, q, k, index_0, index_1, table_q, table_k, rel_idx,
-                                                    ctx.with_qk)
-    return (dq, dk, None, None, dtq if table_q is not None else None, dtk if table_k is not None else None, None,
-            None)
-
-
-def _aggregate_setup(ctx, inputs, output):
-    attn, v, index_0_offsets, index_1, table_v, rel_idx = inputs
-    ctx.save_for_backward(attn, v, index_0_offsets, index_1, table_v, rel_idx)
-
-
-def _aggregate_backward(ctx, grad):
-    attn, v, index_0_offsets, index_1, table_v, rel_idx = ctx.saved_tensors
-    refuse_double_backward("aggregate", grad, attn, v, table_v)
-    # The backward needs each pair's query; rebuild it from the offsets rather than saving index_0.
-    counts = (index_0_offsets[1:] - index_0_offsets[:-1]).long()
-    index_0 = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts,
-                                      output_size=index_1.shape[0])
-    dattn, dv, dt = _ops.window_aggregate_bwd(grad, attn, v, index_0, index_0_offsets, index_1, table_v, rel_idx)
-    return dattn, dv, None, None, dt if table_v is not None else None, None
-
-
-def _softmax_setup(ctx, inputs, output):
-    ctx.save_for_backward(output, inputs[1])
-
-
-def _softmax_backward(ctx, grad):
-    out, indptr = ctx.saved_tensors
-    refuse_double_backward("segment_softmax", grad, out)
-    return _ops.window_softmax_bwd(grad, out, indptr), None
-
-
-torch.library.register_autograd("sptr::window_pair_logits_fwd", _pair_logits_backward, setup_context=_pair_logits_setup)
-torch.library.register_autograd("sptr::window_aggregate_fwd", _aggregate_backward, setup_context=_aggregate_setup)
-torch.library.register_autograd("sptr::window_softmax_fwd", _softmax_backward, setup_context=_softmax_setup)
 
 
 # ------------------------------------------------------------------------------------------- checked entry points

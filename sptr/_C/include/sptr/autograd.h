@@ -1,6 +1,7 @@
-// Helpers of the ops whose autograd is registered in C++ (an Autograd-key kernel built on
-// torch::autograd::Function): torch.library.register_autograd's Python autograd.Function costs ~45 µs of host
-// time per call with gradients on, more than the rest of these ops' calls (benchmarks/RESULTS.md).
+// Helpers of the ops' autograd, which is registered in C++ (an Autograd-key kernel built on
+// torch::autograd::Function, one <family>_autograd.cpp per op family) rather than with
+// torch.library.register_autograd: its Python autograd.Function costs ~45 µs of host time per call with
+// gradients on, more than the rest of a call (benchmarks/RESULTS.md, "Host overhead").
 #pragma once
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -23,8 +24,7 @@ inline std::optional<at::Tensor> optional(const at::Tensor& t) {
 }
 
 // A backward built on a backward kernel that is not itself differentiable: under create_graph=True PyTorch
-// would only warn and give second-order gradients of exactly zero; fail instead (the same message as the
-// Python ops' refuse_double_backward).
+// would only warn and give second-order gradients of exactly zero; fail instead, naming the op.
 inline void refuse_double_backward(const char* op, std::initializer_list<const at::Tensor*> tensors) {
   if (!at::GradMode::is_enabled()) return;
   for (const at::Tensor* t : tensors) {
