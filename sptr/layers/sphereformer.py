@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..ops.sparse_attention import sparse_self_attention
-from ..ops._checks import FLOATING, check_shape, check_tensor
+from ..ops._checks import FLOATING, cast, check_shape, check_tensor
 from ..ops.windowing import check_points, get_indices_params, to_3d_numpy
 from .config import LayerConfig, check_fraction, check_positive, check_sizes
 from .sparse_tensor import SparseTrTensor, check_features
@@ -111,11 +111,11 @@ class SparseMultiheadSASphereConcat(nn.Module):
 
     def _fused(self, sptr_tensor, key, q, k, v, xyz, batch, window, quant, qgl, tables, radial_a=None):
         dtype = self.attention_dtype
-        tables = tuple(None if t is None else t.to(dtype) for t in self._logit_and_value_tables(tables))
+        tables = tuple(cast(t, dtype) for t in self._logit_and_value_tables(tables))
         # attention_dtype decides, not autocast (which would cast the fused op's inputs to its own dtype)
         with torch.autocast(q.device.type, enabled=False):
-            return attend_in_windows(sptr_tensor, key, q.to(dtype), k.to(dtype), v.to(dtype), xyz, batch, window,
-                                     self.shift_win, self.scale, quant, qgl, tables, radial_a)
+            return attend_in_windows(sptr_tensor, key, cast(q, dtype), cast(k, dtype), cast(v, dtype), xyz, batch,
+                                     window, self.shift_win, self.scale, quant, qgl, tables, radial_a)
 
     def _step(self, q, k, v, xyz, params, window, quant, qgl, tables, split_func=None):
         index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx = params

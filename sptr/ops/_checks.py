@@ -178,6 +178,12 @@ def autocast_dtype(device: torch.device):
     return None
 
 
+def cast(t, dtype: torch.dtype):
+    """``t`` in ``dtype`` (None stays None). Tensor.to costs ~1 µs of host time even when it returns its input,
+    so it is called only for a real cast."""
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
 def common_float_dtype(**tensors: Tensor) -> torch.dtype:
     """The one floating dtype of an op's inputs. Mixed dtypes are an error, except under autocast, where
     they are promoted to the widest (never downcast: fp32 inputs stay fp32)."""

@@ -15,8 +15,8 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401  (registers torch.ops.sptr)
 
-from ._checks import (FLOATING, INDEX, ValueChecks, autocast_dtype, check_shape, check_tensor, data_checks_enabled,
-                      is_finite_number, is_int)
+from ._checks import (FLOATING, INDEX, ValueChecks, autocast_dtype, cast, check_shape, check_tensor,
+                      data_checks_enabled, is_finite_number, is_int)
 
 _ops = torch.ops.sptr
 
@@ -137,15 +137,15 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window_offsets: Tensor, *,
             if t is not None and t.dtype != q.dtype:
                 raise TypeError(f"q, k, v and the rel_pos tables must share one dtype, got {q.dtype} and "
                                 f"{t.dtype} (cast them, or run under autocast)")
-    else:  # Tensor.to costs ~1 µs of host time even when it returns its input: only call it for a real cast
-        floats = [t if t is None or t.dtype == dtype else t.to(dtype) for t in floats]
+    else:
+        floats = [cast(t, dtype) for t in floats]
     coords = radius = None
     rel_shift, radial_a = 0, 0.0
     if rel_pos is not None:
-        coords = rel_pos.coords if rel_pos.coords.dtype == torch.int32 else rel_pos.coords.int()
+        coords = cast(rel_pos.coords, torch.int32)
         rel_shift = int(rel_pos.rel_shift)
         if rel_pos.radius is not None:
-            radius = rel_pos.radius if rel_pos.radius.dtype == torch.float32 else rel_pos.radius.float()
+            radius = cast(rel_pos.radius, torch.float32)
             radial_a = float(rel_pos.radial_a)
     scale = d ** -0.5 if scale is None else float(scale)
     q, k, v, tq, tk, tv = floats

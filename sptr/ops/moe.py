@@ -14,7 +14,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, autocast_dtype, check_tensor
+from ._checks import FLOATING, autocast_dtype, cast, check_tensor
 
 _ops = torch.ops.sptr
 ROUTING_IDS = (torch.int32, torch.int64, torch.bool, torch.uint8)
@@ -215,7 +215,7 @@ def grouped_linear(x: Tensor, weights: Sequence[Tensor], group_offsets: Tensor) 
     for i, w in enumerate(weights):
         check_tensor(f"weights[{i}]", w, dim=2, dtypes=FLOATING, device=x.device)
     dtype = _gemm_dtype({"x": x, **{f"weights[{i}]": w for i, w in enumerate(weights)}})
-    return _ops.moe_grouped_linear(x.to(dtype), [w.to(dtype) for w in weights], group_offsets)
+    return _ops.moe_grouped_linear(cast(x, dtype), [cast(w, dtype) for w in weights], group_offsets)
 
 
 def asym_dual_gmm(a0: Tensor, a1: Tensor, w0: Tensor, w1: Tensor, trans_a: bool = False, trans_b: bool = False,
@@ -231,7 +231,7 @@ def asym_dual_gmm(a0: Tensor, a1: Tensor, w0: Tensor, w1: Tensor, trans_a: bool 
     for name, t in named.items():
         check_tensor(name, t, dim=2, dtypes=FLOATING, device=a0.device if name != "input_expert0" else None)
     dtype = _gemm_dtype(named)
-    a0, a1, w0, w1 = (t.to(dtype) for t in (a0, a1, w0, w1))
+    a0, a1, w0, w1 = (cast(t, dtype) for t in (a0, a1, w0, w1))
     if out is None:
         return _ops.dual_gemm(a0, a1, w0, w1, bool(trans_a), bool(trans_b))
     c0, c1 = out

@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-from ._checks import FLOATING, INDEX, check_range, check_shape, check_tensor, data_checks
+from ._checks import FLOATING, INDEX, cast, check_range, check_shape, check_tensor, data_checks
 from .step_attention import (
     attention_step1,
     attention_step2,
@@ -36,7 +36,7 @@ def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_ma
     check_range("sort_idx", sort_idx, 0, query.shape[0])
     out_dtype = query.dtype
     if dtype is not None:
-        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+        query, key, value = cast(query, dtype), cast(key, dtype), cast(value, dtype)
     tables_dtype = query.dtype
     contextual = pe_type == "contextual"
     logit_tables = contextual and rel_query and rel_key

@@ -18,6 +18,7 @@ from ._checks import (
     INDEX,
     INTEGER,
     ValueChecks,
+    cast,
     check_offsets,
     check_range,
     check_shape,
@@ -128,9 +129,8 @@ def pair_logits(q: Tensor, k: Tensor, index_0: Tensor, index_1: Tensor, table_q:
             raise ValueError("rel_idx is required when a relative-position table is given")
         _check_rel(rel_idx, num_pairs, tables[0].shape[0], q.device, checks)
     checks.run()
-    cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
-    return _ops.window_pair_logits_fwd(cast(q), cast(k), index_0, index_1, cast(table_q), cast(table_k),
-                                       rel_idx if tables else None, with_qk)
+    return _ops.window_pair_logits_fwd(cast(q, dtype), cast(k, dtype), index_0, index_1, cast(table_q, dtype),
+                                       cast(table_k, dtype), rel_idx if tables else None, with_qk)
 
 
 def aggregate(attn: Tensor, v: Tensor, index_0_offsets: Tensor, index_1: Tensor, table_v: Tensor | None = None,
@@ -160,9 +160,8 @@ def aggregate(attn: Tensor, v: Tensor, index_0_offsets: Tensor, index_1: Tensor,
             raise ValueError("rel_idx is required when a relative-position table is given")
         _check_rel(rel_idx, num_pairs, table_v.shape[0], attn.device, checks)
     checks.run()
-    return _ops.window_aggregate_fwd(attn.to(dtype), v.to(dtype), index_0_offsets, index_1,
-                                     None if table_v is None else table_v.to(dtype),
-                                     None if table_v is None else rel_idx)
+    return _ops.window_aggregate_fwd(cast(attn, dtype), cast(v, dtype), index_0_offsets, index_1,
+                                     cast(table_v, dtype), None if table_v is None else rel_idx)
 
 
 def segment_softmax(src: Tensor, indptr: Tensor) -> Tensor:
