@@ -13,11 +13,6 @@
 namespace sptr {
 namespace {
 
-using at::Tensor;
-using OptTensor = std::optional<Tensor>;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 int64_t guarded(const c10::SymInt& v) { return v.guard_int(__FILE__, __LINE__); }
 
 using PermuteSignature = std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, int64_t, int64_t,

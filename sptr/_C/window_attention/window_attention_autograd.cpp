@@ -9,11 +9,6 @@
 namespace sptr {
 namespace {
 
-using at::Tensor;
-using OptTensor = std::optional<Tensor>;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 using PairLogitsSignature = Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
                                    const OptTensor&, const OptTensor&, bool);
 using PairLogitsBwdSignature = std::tuple<Tensor, Tensor, Tensor, Tensor>(

@@ -13,6 +13,11 @@
 
 namespace sptr {
 
+using at::Tensor;
+using OptTensor = std::optional<at::Tensor>;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
 // The op `name` ("sptr::<name>") as a typed handle; callers keep it in a function-local static.
 template <typename Signature>
 c10::TypedOperatorHandle<Signature> typed_op(const char* name) {
