@@ -45,6 +45,10 @@ def _as_vector(name: str, value, like: Tensor, positive: bool = True) -> Tensor:
         host = v.detach().to("cpu", like.dtype).double()  # the values as used, in like's dtype
         if not torch.isfinite(host).all() or (positive and not (host > 0).all()):
             raise ValueError(f"{name} must be {'positive and ' if positive else ''}finite, got {host.tolist()}")
+    if like.is_cuda and not v.is_cuda and not torch.compiler.is_compiling():
+        # A blocking copy from pageable memory waits for everything queued on the stream (a host sync, per call
+        # of every attention layer); from pinned memory the copy is queued like a kernel.
+        return v.to(like.dtype).pin_memory().to(like.device, non_blocking=True)
     return v.to(like.device, like.dtype)
 
 

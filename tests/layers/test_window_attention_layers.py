@@ -96,6 +96,30 @@ def test_fused_layers_check_values_only_when_building_windows(monkeypatch):
     assert checked == ["xyz"]
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sphereformer_attention_on_cached_windows_never_syncs_the_host():
+    """Once its windows are cached (as in a U-Net stage), SphereFormer's attention runs on CUDA without waiting
+    for the GPU: no value checks, and the window/cell sizes reach the device through pinned memory (a blocking
+    copy from pageable memory is a stream sync). torch.cuda's sync debug mode turns any sync into an error."""
+    from sptr.layers.sphereformer import SparseMultiheadSASphereConcat
+
+    xyz, batch, feats = points()
+    attn = SparseMultiheadSASphereConcat(32, 2, "k", np.float32([0.6] * 3), np.float32([2.0, 2.0, 80.0]),
+                                         pe_type="contextual", rel_query=True, rel_key=True, rel_value=True,
+                                         quant_size=np.float32([0.05] * 3),
+                                         quant_size_sphere=np.float32([2 / 24, 2 / 24, 80 / 24])).cuda()
+    t = sptr.SparseTrTensor(feats.cuda(), torch.cat([batch[:, None].float(), xyz], 1).cuda(), None, 2)
+    want = attn(t).query_feats  # builds and caches both window partitions (their unique() syncs)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = attn(t).query_feats
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(got, want)
+
+
 @pytest.mark.parametrize("pe", ["none", "contextual"])
 def test_fused_and_step_paths_agree(pe):
     xyz, batch, feats = points()
