@@ -39,6 +39,7 @@ class WindowAttention : public torch::autograd::Function<WindowAttention> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // q, k, v, out, lse, offsets, coords, radius, table_q, table_k, table_v (absent ones undefined)
     const variable_list s = ctx->get_saved_variables();
     const Tensor& grad_out = grads[0];
     refuse_double_backward("window_attention", {&grad_out, &s[0], &s[1], &s[2], &s[8], &s[9], &s[10]});

@@ -24,9 +24,8 @@ c10::TypedOperatorHandle<Signature> typed_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
-inline std::optional<at::Tensor> optional(const at::Tensor& t) {
-  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
-}
+// A saved tensor back as an optional argument (undefined: an absent one).
+inline OptTensor optional(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
 // A backward built on a backward kernel that is not itself differentiable: under create_graph=True PyTorch
 // would only warn and give second-order gradients of exactly zero; fail instead, naming the op.
