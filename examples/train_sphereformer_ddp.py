@@ -23,7 +23,7 @@ from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from sptr.data import lidar_scan
-from sptr.integrations.distributed import convert_sync_batchnorm, global_mean, init_from_torchrun
+from sptr.integrations.distributed import convert_sync_batchnorm, end_process_group, global_mean, init_from_torchrun
 from sptr.models.sphereformer import (SphereFormerUNet, SphereFormerUNetConfig, mixed_precision, resume_training_state,
                                       save_training_state, training_batch)
 
@@ -50,7 +50,7 @@ def build_model(args, device):
     return model
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "sphereformer_semantickitti.yaml"))
     parser.add_argument("--small", action="store_true", help="two levels (C 32/64) instead of the published five")
@@ -67,9 +67,11 @@ def main(argv=None):
     parser.add_argument("--attention-dtype", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--output", default="sphereformer_ddp.pth")
     parser.add_argument("--save-every", type=int, default=0)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    rank, world, device = init_from_torchrun()
+
+def train(args, rank: int, world: int, device: torch.device) -> list[float]:
+    """The training loop; returns the global-mean loss of each step. Its DDP model is gone when it returns."""
     model = build_model(args, device)
     net = model.module if isinstance(model, DistributedDataParallel) else model
     cfg: SphereFormerUNetConfig = net.cfg
@@ -119,9 +121,14 @@ def main(argv=None):
         print(f"{world} process(es) on {device.type}: loss {losses[0]:.3f} -> {losses[-1]:.3f} over {args.steps} "
               f"steps, {points_seen / (time.perf_counter() - tic):,.0f} points/s ({amp}); "
               f"checkpoint {args.output}")
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    return losses
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rank, world, device = init_from_torchrun()
+    losses = train(args, rank, world, device)
+    end_process_group()  # after train() has dropped the DDP model (see end_process_group)
     return losses
 
 

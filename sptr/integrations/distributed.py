@@ -7,6 +7,7 @@ differentiable all-reduce, for a CPU one.
 """
 from __future__ import annotations
 
+import gc
 import os
 
 import torch
@@ -123,6 +124,18 @@ def init_from_torchrun() -> tuple[int, int, torch.device]:
         dist.init_process_group("gloo")
         device = torch.device("cpu")
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def end_process_group() -> None:
+    """End the default process group on every rank together, once the caller has dropped its DDP/FSDP modules.
+    Their hooks hold the group in reference cycles; a group still alive at interpreter shutdown is freed while
+    gloo's threads run and aborts the process ("terminate called without an active exception"), so the cycles
+    are collected first. A no-op when no group is initialised."""
+    if not dist.is_available() or not dist.is_initialized():
+        return
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def global_mean(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,6 @@
 rank trains on its share of a global batch and rank 0 writes what the test compares to a single process."""
 from __future__ import annotations
 
-import gc
 import os
 
 import torch
@@ -11,17 +10,14 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from sptr.data import collate_scans, lidar_scan, voxelize_scan
-from sptr.integrations.distributed import convert_sync_batchnorm, global_mean
+from sptr.integrations.distributed import convert_sync_batchnorm, end_process_group, global_mean
 
 POINTS = (1300, 2100)  # rank r's scan: different amounts of work per rank
 
 
 def run(rank: int, step, world: int, port: int, out: str) -> None:
     """The body of every spawned rank: join the gloo group, run `step(rank)` (rank 0 saves what it returns to
-    `out`), then end the group on all ranks together once the step's modules are gone. DDP's and FSDP's hooks
-    hold the process group in reference cycles; a group still alive at interpreter shutdown is freed with
-    gloo's threads running and aborts the process ("terminate called without an active exception", seen once
-    in CI), so the cycles are collected first."""
+    `out`), then end the group on all ranks together once the step's modules are gone (end_process_group)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -29,9 +25,7 @@ def run(rank: int, step, world: int, port: int, out: str) -> None:
     if rank == 0:
         torch.save(result, out)
     del result
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
+    end_process_group()
 
 
 # As published, a scan's result depends on the other scans of its batch: SphereFormer's windows (torch_cluster's
