@@ -1,10 +1,13 @@
-"""Window attention at ~270k voxels, five implementations side by side in one run (issue 3).
+"""Window attention at ~270k voxels, the implementations a user could pick side by side in one run (issues 3, 25).
 
-1. fused: sptr.ops.window_attention            2. step: this library's step-by-step ops
-3. sptr 1.1.1's step ops (built from its sdist, imported under the name ``sptr111``; its torch_scatter
+1. fused: sptr.ops.window_attention, the checked call (its value checks cost one host sync)
+2. fused unchecked: the same under ``data_checks(False)``, what the layers (SphereFormer) run
+3. step: this library's step-by-step ops
+4. sptr 1.1.1's step ops (built from its sdist, imported under the name ``sptr111``; its torch_scatter
    softmax replaced by torch.segment_reduce, as torch_scatter cannot be installed on the device)
-4. FlexAttention with a block mask of the windows 5. windows padded to n_max + scaled_dot_product_attention
-Plain attention for all five; with SparseTransformer's contextual relative-position tables (q, k, v tables,
+5. FlexAttention with a block mask of the windows 6. windows padded to n_max + scaled_dot_product_attention
+7. flash varlen: torch's FlashAttention varlen (``torch.nn.attention.varlen.varlen_attn``), windows as sequences
+Plain attention for all; with SparseTransformer's contextual relative-position tables (q, k, v tables,
 L = 47) for the three that support them. Time (median of CUDA-event repeats) and extra peak memory of
 forward and forward+backward, the ratios to the fused path, and the fraction of the H200's limit reached.
 Run: python benchmarks/bench_fused_attention.py [--window 6 12] [--out results.jsonl]
@@ -23,6 +26,7 @@ from common import BF16_FLOPS, HBM_BYTES_PER_S, peak_mb, table, time_ms, warm_up
 
 import sptr  # noqa: E402
 from sptr.data import lidar_voxels  # noqa: E402
+from sptr.ops._checks import data_checks  # noqa: E402
 from sptr.ops import (  # noqa: E402
     RelativePosition,
     get_indices_params,
@@ -115,9 +119,15 @@ def layouts(xyz, batch, win):
 def implementations(lay, sptr111, h, d):
     n = lay["N"]
     fused_rel = lambda t: RelativePosition(lay["coords"], QGL - 1, *t)  # noqa: E731
+    fused = lambda rp, q, k, v, t: window_attention(q, k, v, lay["offsets"], rel_pos=fused_rel(t) if rp else None,  # noqa: E731
+                                                    scale=1.0)
+
+    def fused_unchecked(rp, q, k, v, t):
+        with data_checks(False):
+            return fused(rp, q, k, v, t)
     impls = {
-        "fused": lambda rp, q, k, v, t: window_attention(q, k, v, lay["offsets"], rel_pos=fused_rel(t) if rp else None,
-                                                         scale=1.0),
+        "fused": fused,
+        "fused unchecked": fused_unchecked,
         "step": lambda rp, q, k, v, t: step_pipeline(sptr, lambda x: sptr.scatter_softmax_csr(x, lay["o0"]), lay, rp,
                                                      q, k, v, t),
     }
@@ -154,6 +164,13 @@ def implementations(lay, sptr111, h, d):
         o = F.scaled_dot_product_attention(pad(q), pad(k), pad(v), attn_mask=key_ok, scale=1.0)
         return o.transpose(1, 2)[wid, slot]
     impls["padded sdpa"] = run_sdpa
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+        cu, longest = lay["offsets"].int(), int(lay["counts"].max())
+        impls["flash varlen"] = lambda rp, q, k, v, t: None if rp or q.dtype == torch.float32 else varlen_attn(
+            q, k, v, cu, cu, longest, longest, scale=1.0)
+    except ImportError as exc:
+        print(f"torch varlen_attn unavailable: {exc}")
     return impls
 
 
@@ -231,7 +248,7 @@ def main():
                         if args.out:
                             with open(args.out, "a") as f:
                                 f.write(json.dumps(rec) + "\n")
-                    base = res.get("fused")
+                    base = res.get("fused unchecked", res.get("fused"))  # what the layers run
                     flops = 4 * lay["M"] * h * d
                     for name, r in res.items():
                         if isinstance(r, str) or not isinstance(base, tuple):
@@ -247,7 +264,7 @@ def main():
                                          f"{100 * limit_f / t_f:.1f}% / {100 * limit_b / t_b:.1f}%"])
                         print(" | ".join(str(c) for c in rows[-1]), flush=True)
     print()
-    print(table(rows, ["win", "hxd", "dtype", "path", "impl", "fwd ms", "vs fused", "f+b ms", "vs fused",
+    print(table(rows, ["win", "hxd", "dtype", "path", "impl", "fwd ms", "vs unchecked", "f+b ms", "vs unchecked",
                        "f+b extra MB", "extra / qkvo", "limit frac fwd / f+b"]))
 
 

@@ -14,7 +14,7 @@ from tests.helpers import TABLE_TOLERANCE, TOLERANCE, assert_close, device_param
 COUNTS = [1, 5, 33, 2, 0, 70, 1, 17, 40]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TABLE_SETS = {"none": (), "qk": ("query", "key"), "qkv": ("query", "key", "value"), "v": ("value",),
-              "q": ("query",)}
+              "q": ("query",), "k": ("key",)}
 
 
 def offsets_of(counts, device):
@@ -126,6 +126,17 @@ def test_sphereformer_table_length(device, dtype, radial):
     q, k, v, offsets, rel_pos = make_case(counts, 2, 16, dtype, device, ("query", "key", "value"), radial, seed=13,
                                           qgl=24)
     assert_matches_reference(q, k, v, offsets, rel_pos, 0.25, seed=14)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_clamped_relative_positions_match_reference(device, dtype):
+    """Tables shorter than the windows' span (unchecked call): relative positions past either end use the end
+    rows, as in the reference."""
+    q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, dtype, device, ("query", "key", "value"), seed=23, qgl=24)
+    short = RelativePosition(rel_pos.coords, 2, *(t[:5] for t in rel_pos.tables()))
+    with data_checks(False):
+        assert_matches_reference(q, k, v, offsets, short, 0.3, seed=24)
 
 
 @pytest.mark.parametrize("device", device_params())

@@ -211,20 +211,25 @@ __device__ void stage_table(T* dst, const T* table, const Args<T>& a, int h) {
 constexpr int kMaxRows3 = 1023;
 __device__ __forceinline__ int table_row(uint32_t rows, int a) { return (rows >> (10 * a)) & 1023u; }
 
-// hist_row[row] += val[e] for the three rows of each valid pair of each thread of a quad (threads sharing one
-// histogram row), the four threads one after another: a fixed summation order, bitwise reproducible.
+// hist_row[row] += val[e] for the three rows of each valid pair of the four threads of a quad (threads sharing
+// one histogram row). Bins of distinct columns are distinct (n = rel·3 + column), so lane t < 3 of the quad adds
+// column t of all the quad's pairs, taken from the other lanes by shuffles: no lane waits for another, and
+// each bin still sums in the fixed order (source lane, pair), bitwise reproducible.
 template <typename A>
 __device__ __forceinline__ void quad_ordered_add(A* hist_row, const uint32_t (&rows)[8], const A (&val)[8],
                                                  unsigned valid) {
+  const int lane = threadIdx.x & 31, t = lane & 3, quad = lane & ~3;
 #pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    if ((threadIdx.x & 3) == t) {
-      for (int e = 0; e < 8; ++e)
-        if (valid >> e & 1u)
-          for (int c = 0; c < 3; ++c) hist_row[table_row(rows[e], c)] += val[e];
+  for (int src = 0; src < 4; ++src) {
+    const unsigned vs = __shfl_sync(0xffffffffu, valid, quad + src);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const A v = __shfl_sync(0xffffffffu, val[e], quad + src);
+      const uint32_t r = __shfl_sync(0xffffffffu, rows[e], quad + src);
+      if (t < 3 && (vs >> e & 1u)) hist_row[table_row(r, t)] += v;
     }
-    __syncwarp();
   }
+  __syncwarp();
 }
 
 // Persistent backward CTAs: the first / next tile of this CTA, round-robin or from the per-head counter.
@@ -303,26 +308,25 @@ __device__ __forceinline__ float gather3(const float* x, uint32_t rows) {
   return x[table_row(rows, 0)] + x[table_row(rows, 1)] + x[table_row(rows, 2)];
 }
 
-// hist0 (row g) / hist1 (row g+8) [table row] += val for the thread's nonzero C entries of an mma tile, the
-// four lanes of a quad (which share the rows) one after another: a fixed summation order.
+// hist0 (row g) / hist1 (row g+8) [table row] += val for the nonzero C entries of an mma tile of the four lanes
+// of a quad (which share the rows). As in quad_ordered_add, lane t < 3 adds column t of the quad's entries,
+// in the fixed order (source lane, tile, entry): bitwise reproducible, and no lane waits for another.
 template <int NT>
 __device__ __forceinline__ void quad_hist_add(float* hist0, float* hist1, const uint32_t (&rows)[NT][4],
                                               const float (&val)[NT][4]) {
-  const int t = threadIdx.x & 3;
+  const int lane = threadIdx.x & 31, t = lane & 3, quad = lane & ~3;
+  __syncwarp();  // the rows' rescaling by other lanes is done
+#pragma unroll
+  for (int src = 0; src < 4; ++src)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float v = __shfl_sync(0xffffffffu, val[nt][e], quad + src);
+        const uint32_t r = __shfl_sync(0xffffffffu, rows[nt][e], quad + src);
+        if (t < 3 && v != 0.f) (e < 2 ? hist0 : hist1)[table_row(r, t)] += v;
+      }
   __syncwarp();
-#pragma unroll
-  for (int turn = 0; turn < 4; ++turn) {
-    if (t == turn)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (val[nt][e] != 0.f) {
-            float* hist = e < 2 ? hist0 : hist1;
-            for (int c = 0; c < 3; ++c) hist[table_row(rows[nt][e], c)] += val[nt][e];
-          }
-    __syncwarp();
-  }
 }
 
 // Table gradient of a 64-row tile on the tensor cores: slot[n][h][c] += f · Σ_r Hist[r][n] · X[r][c] for
