@@ -58,6 +58,7 @@ setup(
     name="sptr",
     version="2.0.0",
     description="Fused-kernel layers for sparse 3D and multimodal transformers (SparseTransformer-compatible)",
+    license="MIT",
     packages=find_packages(include=["sptr", "sptr.*"]),
     package_data={"sptr._C": ["**/*.h", "**/*.cuh", "**/*.cpp", "**/*.cu"]},
     python_requires=">=3.10",

@@ -59,8 +59,9 @@ class CPUSyncBatchNorm(nn.modules.batchnorm._BatchNorm):
             return super().forward(x)
         dims = [d for d in range(x.dim()) if d != 1]
         shape = [1, -1] + [1] * (x.dim() - 2)
-        xf = x.float()
-        count = torch.tensor([x.numel() // max(x.shape[1], 1)], dtype=torch.float32)
+        acc = torch.promote_types(x.dtype, torch.float32)  # at least fp32; a float64 model keeps float64
+        xf = x.to(acc)
+        count = torch.tensor([x.numel() // max(x.shape[1], 1)], dtype=acc)
         # Two passes (mean, then squared deviations): E[x^2] - E[x]^2 cancels badly when |mean| >> std
         stats = _SumAcrossRanks.apply(torch.cat([xf.sum(dims), count]), self._group())
         total = stats[-1]

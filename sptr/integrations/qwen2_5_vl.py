@@ -18,7 +18,6 @@ from ..ops import vision_index
 
 _SUPPORTED = "4.49"
 _MROPE = "apply_multimodal_rotary_pos_emb"
-_PATCHED_NAMES = ("forward", "get_rope_index", "rot_pos_emb", "get_window_index")
 _with_fused_mrope_cache: dict = {}
 
 
@@ -50,11 +49,6 @@ def fused_multimodal_rotary_pos_emb(q, k, cos, sin, mrope_section, unsqueeze_dim
     return rope_ops.apply_rotary(q, k, cos, sin, list(mrope_section))
 
 
-def _patch(fn):
-    fn._sptr_patch = True
-    return fn
-
-
 def _with_fused_mrope(forward):
     """A copy of transformers' ``forward`` whose global ``apply_multimodal_rotary_pos_emb`` is sptr's (its
     module's other globals as they were when first patched); only the modules given the copy use it."""
@@ -66,11 +60,10 @@ def _with_fused_mrope(forward):
                                   forward.__closure__)
         copy.__kwdefaults__, copy.__qualname__, copy.__doc__ = (forward.__kwdefaults__, forward.__qualname__,
                                                                forward.__doc__)
-        _with_fused_mrope_cache[forward] = _patch(copy)
+        _with_fused_mrope_cache[forward] = copy
     return copy
 
 
-@_patch
 def _get_rope_index(self, input_ids=None, image_grid_thw=None, video_grid_thw=None, second_per_grid_ts=None,
                     attention_mask=None):
     if input_ids is None:
@@ -82,12 +75,10 @@ def _get_rope_index(self, input_ids=None, image_grid_thw=None, video_grid_thw=No
                                        cfg.vision_start_token_id, cfg.vision_config.tokens_per_second)
 
 
-@_patch
 def _rot_pos_emb(self, grid_thw):
     return vision_index.rot_pos_emb(self.rotary_pos_emb.inv_freq, grid_thw, self.spatial_merge_size)
 
 
-@_patch
 def _get_window_index(self, grid_thw):
     window = self.window_size // self.spatial_merge_size // self.patch_size
     index, cu = vision_index.get_window_index(grid_thw, self.spatial_merge_size, window, self.patch_size,
@@ -96,28 +87,53 @@ def _get_window_index(self, grid_thw):
     return index.long(), cu.tolist()
 
 
+_REPLACEMENTS = {
+    "get_rope_index": lambda module: _get_rope_index,
+    "rot_pos_emb": lambda module: _rot_pos_emb,
+    "get_window_index": lambda module: _get_window_index,
+    "forward": lambda module: _with_fused_mrope(type(module).forward),
+}
+
+
+class PatchedMethod:
+    """sptr's replacement of one method of one module instance. It pickles as (name, module), so a patched model
+    saved with ``torch.save`` (or deep-copied) loads patched wherever sptr is importable; a bound method would
+    pickle as a lookup of its function's name on the module, which fails at load time."""
+
+    __slots__ = ("name", "module", "_bound")
+
+    def __init__(self, name: str, module: torch.nn.Module):
+        self.name, self.module = name, module
+        self._bound = types.MethodType(_REPLACEMENTS[name](module), module)
+
+    def __call__(self, *args, **kwargs):
+        return self._bound(*args, **kwargs)
+
+    def __reduce__(self):
+        return PatchedMethod, (self.name, self.module)
+
+
 def apply_to(model: torch.nn.Module) -> torch.nn.Module:
     """Patch a ``Qwen2_5_VLForConditionalGeneration`` (or a model holding one) in place; returns it."""
     hf = _modeling()
     target = next((m for m in model.modules() if isinstance(m, hf.Qwen2_5_VLForConditionalGeneration)), None)
     if target is None:
         raise TypeError(f"{type(model).__name__} holds no Qwen2_5_VLForConditionalGeneration")
-    target.get_rope_index = types.MethodType(_get_rope_index, target)
+    target.get_rope_index = PatchedMethod("get_rope_index", target)
     for module in target.modules():
         if isinstance(module, hf.Qwen2_5_VisionTransformerPretrainedModel):
-            module.rot_pos_emb = types.MethodType(_rot_pos_emb, module)
-            module.get_window_index = types.MethodType(_get_window_index, module)
+            module.rot_pos_emb = PatchedMethod("rot_pos_emb", module)
+            module.get_window_index = PatchedMethod("get_window_index", module)
         forward = type(module).forward
         if getattr(forward, "__globals__", None) is vars(hf) and _MROPE in forward.__code__.co_names:
-            module.forward = types.MethodType(_with_fused_mrope(forward), module)
+            module.forward = PatchedMethod("forward", module)
     return model
 
 
 def restore(model: torch.nn.Module) -> torch.nn.Module:
     """Undo :func:`apply_to` on ``model``; returns it."""
     for module in model.modules():
-        for name in _PATCHED_NAMES:
-            patched = module.__dict__.get(name)
-            if getattr(getattr(patched, "__func__", None), "_sptr_patch", False):
+        for name in _REPLACEMENTS:
+            if isinstance(module.__dict__.get(name), PatchedMethod):
                 del module.__dict__[name]
     return model

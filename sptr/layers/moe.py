@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..ops._checks import autocast_dtype
-from ..ops.moe import grouped_linear, permute, swiglu, unpermute
+from ..ops._checks import autocast_dtype, check_tensor
+from ..ops.moe import ROUTING_IDS, grouped_linear, permute, swiglu, unpermute
 from ..reference.moe import SwiGLUExpert, capacity_keep
 from .config import LayerConfig, check_positive
 
@@ -139,6 +139,7 @@ class DualExpertFFN(nn.Module):
         if not isinstance(expert_index, Tensor) or expert_index.shape != x.shape[:-1]:
             raise ValueError(f"expert_index must have x's leading shape {tuple(x.shape[:-1])}, got "
                              f"{tuple(expert_index.shape) if isinstance(expert_index, Tensor) else type(expert_index)}")
+        check_tensor("expert_index", expert_index, dtypes=ROUTING_IDS, device=x.device)
         flat = x.reshape(-1, H).to(_compute_dtype(x))
         perm = permute(flat, expert_index.reshape(-1), 2, align=ROW_ALIGN, validate=validate)
         y = swiglu_ffn(self.experts, perm.x_perm, perm.expert_offsets, self.cfg.gemm)

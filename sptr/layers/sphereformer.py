@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..ops.sparse_attention import sparse_self_attention
-from ..ops._checks import FLOATING, cast, check_shape, check_tensor
+from ..ops._checks import FLOATING, INTEGER, cast, check_shape, check_tensor
 from ..ops.windowing import check_points, get_indices_params, to_3d_numpy
 from .config import LayerConfig, check_fraction, check_positive, check_sizes
 from .sparse_tensor import SparseTrTensor, check_features
@@ -42,12 +42,14 @@ def exponential_split(xyz, index_0, index_1, relative_position_index, a=0.05 * 0
     return bins
 
 
-ATTENTION_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+ATTENTION_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                    "float64": torch.float64}
 
 
 def attention_compute_dtype(name: str) -> torch.dtype:
     """SphereFormer's AMP rule: q, k, v and the tables are cast to float32 before attention, so under autocast
-    the attention still runs in fp32; "float16"/"bfloat16" opt into the fused low-precision path."""
+    the attention still runs in fp32; "float16"/"bfloat16" opt into the fused low-precision path; "float64"
+    (CPU, or the fp64 tile kernels on CUDA) is for reference runs of a double model."""
     if name not in ATTENTION_DTYPES:
         raise ValueError(f"attention_dtype must be one of {sorted(ATTENTION_DTYPES)}, got {name!r}")
     return ATTENTION_DTYPES[name]
@@ -65,7 +67,9 @@ class DropPath(nn.Module):
             return x
         keep = 1 - self.p
         mask = x.new_empty(x.shape[0], *([1] * (x.dim() - 1))).bernoulli_(keep)
-        return x * mask / keep
+        if keep > 0:  # timm's order, x * (mask / keep): the original's values to the last bit (and p = 1 gives 0)
+            mask.div_(keep)
+        return x * mask
 
 
 class SparseMultiheadSASphereConcat(nn.Module):
@@ -143,7 +147,7 @@ class SparseMultiheadSASphereConcat(nn.Module):
     def forward(self, sptr_tensor: SparseTrTensor) -> SparseTrTensor:
         check_features(sptr_tensor, self.embed_dim, self_attention=True)
         feats, indices = sptr_tensor.query_feats, sptr_tensor.query_indices
-        xyz, batch = indices[:, 1:], indices[:, 0]
+        xyz, batch = indices[:, 1:], sptr_tensor.batch_ids()
         n, c = feats.shape
         h, d = self.num_heads, self.head_dim
         h1 = h // 2
@@ -167,7 +171,7 @@ class SparseMultiheadSASphereConcat(nn.Module):
                                     partial(exponential_split, a=self.a))
         x = torch.cat([out_cubic, out_sphere.to(out_cubic.dtype)], 1).reshape(n, c)
         x = self.proj_drop(self.proj(x.to(self.proj.weight.dtype)))
-        return SparseTrTensor(x, indices, sptr_tensor.spatial_shape, sptr_tensor.batch_size)
+        return SparseTrTensor(x, indices, sptr_tensor.spatial_shape, sptr_tensor.batch_size, batch=sptr_tensor.batch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +248,8 @@ class SphereFormer(nn.Module):
         if xyz.shape[0] != feats.shape[0] or xyz.device != feats.device:
             raise ValueError(f"xyz must hold the {feats.shape[0]} points of feats on {feats.device}, got "
                              f"{xyz.shape[0]} on {xyz.device}")
+        check_tensor("batch", batch, dtypes=INTEGER)  # scan indices: exact whatever xyz's dtype
         indices = torch.cat([batch[:, None].to(xyz.dtype), xyz], -1)
-        attn = self.attn(SparseTrTensor(self.norm1(feats), indices, None, None)).query_feats
+        attn = self.attn(SparseTrTensor(self.norm1(feats), indices, None, None, batch=batch)).query_feats
         x = feats + self.drop_path(attn)
         return x + self.drop_path(self.mlp(self.norm2(x)))

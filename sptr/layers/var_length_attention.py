@@ -181,7 +181,7 @@ class VarLengthMultiheadSA(nn.Module):
         key = sptr_tensor.key_feats if sptr_tensor.key_feats is not None else query.clone()
         value = sptr_tensor.value_feats if sptr_tensor.value_feats is not None else query.clone()
         indices = sptr_tensor.query_indices
-        xyz, batch = indices[:, 1:], indices[:, 0]
+        xyz, batch = indices[:, 1:], sptr_tensor.batch_ids()
         xyz = xyz if xyz.is_floating_point() else xyz.float()
         if self.pe_type in ("sine", "fourier"):
             query = self._add_position_embedding(query, xyz, batch)
@@ -192,7 +192,8 @@ class VarLengthMultiheadSA(nn.Module):
         else:
             x = self._step(sptr_tensor, query, key, value, xyz, batch)
         x = self.proj_drop(self.proj(x.reshape(n, c).to(self.proj.weight.dtype)))
-        return SparseTrTensor(x, sptr_tensor.query_indices, sptr_tensor.spatial_shape, sptr_tensor.batch_size)
+        return SparseTrTensor(x, sptr_tensor.query_indices, sptr_tensor.spatial_shape, sptr_tensor.batch_size,
+                              batch=sptr_tensor.batch)
 
     def _tables(self):
         if self.pe_type != "contextual":

@@ -57,6 +57,8 @@ class VisionIndices(nn.Module):
         padded with empty windows (see :func:`sptr.ops.vision_index.get_window_index`)."""
         m = self.cfg.spatial_merge_size
         unit = m * m
+        if grid_thw.shape[0] == 0:  # a batch without images or videos: empty indices
+            return self._empty(grid_thw.device)
         emb = rot_pos_emb(self.inv_freq, grid_thw, m, num_tokens)
         window_index, cu_window = get_window_index(grid_thw, m, self.cfg.merged_window, self.cfg.patch_size, unit,
                                                    num_tokens)
@@ -69,3 +71,10 @@ class VisionIndices(nn.Module):
         cu = torch.repeat_interleave(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0]).cumsum(0, dtype=torch.int32)
         return VisionIndexBatch(emb, window_index, reverse, cu_window, F.pad(cu, (1, 0), value=0),
                                 (full.cos(), full.sin()))
+
+    def _empty(self, device) -> VisionIndexBatch:
+        emb = self.inv_freq.new_zeros(0, self.inv_freq.shape[0] * 2).to(device)
+        index = torch.zeros(0, dtype=torch.long, device=device)
+        offsets = torch.zeros(1, dtype=torch.int32, device=device)
+        full = emb.new_zeros(0, self.cfg.head_dim)
+        return VisionIndexBatch(emb, index, index.clone(), offsets, offsets.clone(), (full, full.clone()))

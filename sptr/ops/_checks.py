@@ -53,6 +53,17 @@ def is_finite_number(v) -> bool:
             and math.isfinite(v))
 
 
+def check_int(name: str, v, minimum: int | None = None, maximum: int | None = None) -> int:
+    """A Python or numpy integer (not a bool, not a float) in [minimum, maximum], as a Python int."""
+    if not is_int(v):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__} {v!r}")
+    if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
+        low = "-inf" if minimum is None else minimum
+        bound = f"in [{low}, {maximum}]" if maximum is not None else f">= {minimum}"
+        raise ValueError(f"{name} must be an int {bound}, got {v!r}")
+    return int(v)
+
+
 def check_tensor(name: str, t, *, dim: int | None = None, dtypes=None, device: torch.device | None = None) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -168,6 +179,59 @@ def check_range(name: str, t: Tensor, low: int, high: int) -> None:
 def check_offsets(name: str, offsets: Tensor, total: int) -> None:
     """CSR offsets: first 0, last `total`, non-decreasing: one host sync (see :func:`check_range`)."""
     ValueChecks().offsets(name, offsets, total).run()
+
+
+def _element_span(t: Tensor) -> tuple[int, int]:
+    """First and last storage element (inclusive) that t reads."""
+    low = high = t.storage_offset()
+    for size, stride in zip(t.shape, t.stride()):
+        if size > 1:
+            if stride >= 0:
+                high += (size - 1) * stride
+            else:
+                low += (size - 1) * stride
+    return low, high
+
+
+def _offset_reachable(delta: int, sizes, strides):
+    """Whether delta = Σ i_d·stride_d for some |i_d| < size_d: the offset between two views of the same sizes
+    and strides at which an element of one is an element of the other. Exact when each stride exceeds the span
+    of the smaller ones (views of a contiguous buffer), as then only two digits are possible per dimension;
+    None when the strides do not nest so."""
+    dims = sorted(((abs(st), n) for n, st in zip(sizes, strides) if n > 1 and st != 0), reverse=True)
+    spans = [sum((n - 1) * st for st, n in dims[d + 1:]) for d in range(len(dims))]
+    if any(st <= span for (st, _), span in zip(dims, spans)):
+        return None
+
+    def reach(rest: int, d: int) -> bool:
+        if d == len(dims):
+            return rest == 0
+        stride, n = dims[d]
+        for digit in {rest // stride, -(-rest // stride)}:
+            r = rest - digit * stride
+            if abs(digit) < n and abs(r) <= spans[d] and reach(r, d + 1):
+                return True
+        return False
+
+    return reach(delta, 0)
+
+
+def check_no_overlap(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
+    """Two tensors that an op writes must not share memory. Exact for views of one buffer with the same
+    sizes and nesting strides (q and k of a fused qkv tensor are disjoint and pass); other views whose
+    storage ranges intersect are refused, as PyTorch's own ops refuse what they cannot prove disjoint."""
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device or is_fake(a) or a.is_meta:
+        return
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr() or a.element_size() != b.element_size():
+        return
+    (lo_a, hi_a), (lo_b, hi_b) = _element_span(a), _element_span(b)
+    if hi_a < lo_b or hi_b < lo_a:
+        return
+    if a.shape == b.shape and a.stride() == b.stride():
+        reachable = _offset_reachable(b.storage_offset() - a.storage_offset(), a.shape, a.stride())
+        if reachable is False:
+            return
+    raise ValueError(f"{name_a} and {name_b} share memory; the op writes into one while it reads or writes the other, so they must not overlap")
 
 
 def autocast_dtype(device: torch.device):

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, autocast_dtype, cast, check_tensor
+from ._checks import FLOATING, autocast_dtype, cast, check_int, check_no_overlap, check_tensor
 
 _ops = torch.ops.sptr
 ROUTING_IDS = (torch.int32, torch.int64, torch.bool, torch.uint8)
@@ -117,10 +118,9 @@ def _wants_validation(validate, t: Tensor) -> bool:
     return bool(validate)
 
 
-def _positive_int(name: str, v, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
-    return v
+# Experts per layer: far above any published MoE (a few hundred), far below what the per-expert buffers of
+# the routing kernels could allocate.
+MAX_EXPERTS = 1 << 20
 
 
 def permute(x: Tensor, expert_ids: Tensor, num_experts: int, num_out_tokens: int | None = None, *, align: int = 1,
@@ -137,13 +137,10 @@ def permute(x: Tensor, expert_ids: Tensor, num_experts: int, num_out_tokens: int
     """
     check_tensor("x", x, dim=2, dtypes=FLOATING)
     ids = _routing_ids("expert_ids", expert_ids, x)
-    num_experts = _positive_int("num_experts", num_experts)
-    align = _positive_int("align", align)
+    num_experts = check_int("num_experts", num_experts, 1, MAX_EXPERTS)
+    align = check_int("align", align, 1, 1 << 16)
     slots = ids.numel()
-    if num_out_tokens is None:
-        num_out_tokens = slots
-    elif isinstance(num_out_tokens, bool) or not isinstance(num_out_tokens, int) or not 0 <= num_out_tokens <= slots:
-        raise ValueError(f"num_out_tokens must be an int in [0, T*K = {slots}], got {num_out_tokens!r}")
+    num_out_tokens = slots if num_out_tokens is None else check_int("num_out_tokens", num_out_tokens, 0, slots)
     if _wants_validation(validate, ids) and ids.numel() and int(ids.max()) >= num_experts:
         raise ValueError(f"expert_ids must be < num_experts = {num_experts} (negative ids are dropped), "
                          f"got {int(ids.max())}")
@@ -155,26 +152,40 @@ def unpermute(x_perm: Tensor, row_id_map: Tensor, probs: Tensor | None = None, n
     """``out[t] = Σ_k probs[t, k] · x_perm[row_id_map[k·T + t]]`` over the kept copies (fp32 accumulation, in
     increasing k; probs None: weights 1). ``probs [T, K]`` any floating dtype (computed in fp32, its gradient
     returned in its dtype); ``num_tokens`` defaults to ``probs.shape[0]``, or ``row_id_map.numel()`` (K = 1)
-    without probs. Differentiable in x_perm and probs."""
+    without probs. Differentiable in x_perm and probs. Each x_perm row may be named by at most one slot (as in
+    :func:`permute`'s map): a map that repeats a row is rejected where validated (``validate``, as in
+    :func:`permute`); unvalidated, the backward of such a map is unspecified."""
     check_tensor("x_perm", x_perm, dim=2, dtypes=FLOATING)
     check_tensor("row_id_map", row_id_map, dim=1, dtypes=(torch.int32,), device=x_perm.device)
     if probs is not None:
         check_tensor("probs", probs, dtypes=FLOATING, device=x_perm.device)
         if probs.dim() == 1:
             probs = probs[:, None]
-    if num_tokens is None:
-        num_tokens = probs.shape[0] if probs is not None else row_id_map.numel()
-    num_tokens = _positive_int("num_tokens", num_tokens, minimum=0)
+        if probs.dim() != 2:
+            raise ValueError(f"probs must be [T, K] or [T], got {tuple(probs.shape)}")
+    if num_tokens is None and probs is not None:
+        T, K = probs.shape
+        if row_id_map.numel() != T * K:
+            raise ValueError(f"probs must be [T, K] with T*K = row_id_map's {row_id_map.numel()} entries, got "
+                             f"{tuple(probs.shape)} (give num_tokens to set T)")
+        num_tokens = T
+    num_tokens = row_id_map.numel() if num_tokens is None else check_int("num_tokens", num_tokens, 0)
     if (row_id_map.numel() % num_tokens if num_tokens else row_id_map.numel()):
         raise ValueError(f"row_id_map must hold K * num_tokens entries (num_tokens = {num_tokens}), got "
                          f"{row_id_map.numel()}")
-    K = row_id_map.numel() // num_tokens if num_tokens else 0
+    K = row_id_map.numel() // num_tokens if num_tokens else (probs.shape[1] if probs is not None else 0)
     if probs is not None and tuple(probs.shape) != (num_tokens, K):
         raise ValueError(f"probs must be [T, K] = [{num_tokens}, {K}], got {tuple(probs.shape)}")
+    if num_tokens == 0 and probs is not None:
+        probs = probs[:, :0]  # no token: the op's [0, 0] form, still connected to probs for autograd
     if _wants_validation(validate, row_id_map) and row_id_map.numel():
         lo, hi = int(row_id_map.min()), int(row_id_map.max())
         if lo < -1 or hi >= x_perm.shape[0]:
             raise ValueError(f"row_id_map must have values in [-1, {x_perm.shape[0]}), got [{lo}, {hi}]")
+        rows = row_id_map[row_id_map >= 0]
+        if torch.unique(rows).numel() != rows.numel():
+            raise ValueError("row_id_map must name each x_perm row at most once (as permute's map does): its "
+                             "backward gives each row the gradient of its one slot")
     return _ops.moe_unpermute_fwd(x_perm, row_id_map, probs, num_tokens)
 
 
@@ -184,10 +195,25 @@ def swiglu(h: Tensor, group_offsets: Tensor, widths: Sequence[int]) -> Tensor:
     each group's width and rows). Differentiable in h."""
     check_tensor("h", h, dim=2, dtypes=FLOATING)
     check_tensor("group_offsets", group_offsets, dim=1, dtypes=(torch.int64,), device=h.device)
-    widths = [_positive_int(f"widths[{i}]", int(w), minimum=0) for i, w in enumerate(widths)]
+    if isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence):
+        raise TypeError(f"widths must be a sequence of ints (one per group), got {type(widths).__name__}")
+    widths = [check_int(f"widths[{i}]", w, 0) for i, w in enumerate(widths)]
     if len(widths) != group_offsets.numel() - 1:
         raise ValueError(f"widths must have one entry per group ({group_offsets.numel() - 1}), got {len(widths)}")
+    if 2 * max(widths, default=0) > h.shape[1]:
+        raise ValueError(f"h has {h.shape[1]} columns; a group of width {max(widths)} reads 2 * width of them")
+    _check_group_offsets(group_offsets, h.shape[0])
     return _ops.moe_swiglu_fwd(h, group_offsets, widths)
+
+
+def _check_group_offsets(offsets: Tensor, rows: int) -> None:
+    """Group g owns rows [off[g], off[g+1]): non-decreasing, inside [0, rows]. Checked where that is free (CPU,
+    outside torch.compile); on CUDA the kernels clamp the offsets into [0, rows], as for permute's ids."""
+    if offsets.numel() and _wants_validation(None, offsets):
+        first, last = int(offsets[0]), int(offsets[-1])
+        if first < 0 or last > rows or bool((offsets[1:] < offsets[:-1]).any()):
+            raise ValueError(f"group_offsets must be non-decreasing in [0, {rows}] (the rows of h), got "
+                             f"{offsets.tolist() if offsets.numel() <= 16 else f'{first} ... {last}'}")
 
 
 def _gemm_dtype(named: dict) -> torch.dtype:
@@ -230,6 +256,9 @@ def asym_dual_gmm(a0: Tensor, a1: Tensor, w0: Tensor, w1: Tensor, trans_a: bool 
     named = {"input_expert0": a0, "input_expert1": a1, "weight_expert0": w0, "weight_expert1": w1}
     for name, t in named.items():
         check_tensor(name, t, dim=2, dtypes=FLOATING, device=a0.device if name != "input_expert0" else None)
+    for name, flag in (("trans_a", trans_a), ("trans_b", trans_b)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
     dtype = _gemm_dtype(named)
     a0, a1, w0, w1 = (cast(t, dtype) for t in (a0, a1, w0, w1))
     if out is None:
@@ -237,6 +266,10 @@ def asym_dual_gmm(a0: Tensor, a1: Tensor, w0: Tensor, w1: Tensor, trans_a: bool 
     c0, c1 = out
     for name, t in (("output_expert0", c0), ("output_expert1", c1)):
         check_tensor(name, t, dim=2, dtypes=FLOATING, device=a0.device)
+    check_no_overlap("output_expert0", c0, "output_expert1", c1)
+    for out_name, c in (("output_expert0", c0), ("output_expert1", c1)):
+        for in_name, t in named.items():
+            check_no_overlap(out_name, c, in_name, t)
     _ops.dual_gemm_out(a0, a1, w0, w1, bool(trans_a), bool(trans_b), c0, c1)
     return c0, c1
 

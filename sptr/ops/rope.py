@@ -15,7 +15,7 @@ from torch import Tensor
 
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, check_tensor, is_int
+from ._checks import FLOATING, cast, check_no_overlap, check_tensor, is_int
 
 _ops = torch.ops.sptr
 LAYOUTS = ("hf", "wallx")
@@ -59,11 +59,13 @@ def _check(q, k, cos, sin, mrope_section, section_layout):
     if section_layout not in LAYOUTS:
         raise ValueError(f"section_layout must be one of {LAYOUTS}, got {section_layout!r}")
     if cos.dim() == 4:
-        if mrope_section is None or len(mrope_section) != 3 or sum(mrope_section) != q.shape[-1] // 2:
-            raise ValueError(f"mrope_section must be 3 ints summing to head_dim / 2 = {q.shape[-1] // 2}, got "
+        if isinstance(mrope_section, (str, bytes)) or not isinstance(mrope_section, (list, tuple)) or not all(
+                is_int(s) for s in mrope_section):
+            raise TypeError(f"mrope_section must be a list of 3 ints (as transformers' split needs), got "
+                            f"{mrope_section!r}")
+        if len(mrope_section) != 3 or sum(mrope_section) != q.shape[-1] // 2 or min(mrope_section) < 0:
+            raise ValueError(f"mrope_section must be 3 ints >= 0 summing to head_dim / 2 = {q.shape[-1] // 2}, got "
                              f"{mrope_section}")
-        if not all(is_int(s) for s in mrope_section):
-            raise TypeError(f"mrope_section must hold ints (as transformers' split needs), got {mrope_section}")
         return [int(s) for s in mrope_section]
     if cos.dim() != 3:
         raise ValueError(f"cos must be [3, B, S, D] or composed [B, S, D], got {tuple(cos.shape)}")
@@ -88,24 +90,62 @@ def apply_rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: 
     return _ops.mrope_fwd(q, k, cos, sin, section, section_layout == "hf", promote)
 
 
+def _bump_versions(*tensors: Tensor) -> None:
+    """Version counters of tensors a kernel wrote in place (the dispatcher does not for custom ops), so that
+    autograd refuses a backward through values saved before the write."""
+    if not torch.compiler.is_compiling():
+        torch.autograd.graph.increment_version([t for t in tensors if not t.is_inference()])
+
+
+def _same_view(a: Tensor, b: Tensor) -> bool:
+    return (a is b or (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+                       and a.storage_offset() == b.storage_offset() and a.shape == b.shape and a.stride() == b.stride()))
+
+
 def apply_rotary_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: Sequence[int] | None = None, *,
                   section_layout: str = "hf") -> tuple[Tensor, Tensor]:
     """In-place :func:`apply_rotary` (exact: each thread reads its rotation pair before writing it). The result
-    keeps q's dtype, so fp32 cos/sin are cast to it first (transformers' low-precision models do the same)."""
+    keeps q's dtype, so fp32 cos/sin are cast to it first (transformers' low-precision models do the same).
+
+    q and k must not share memory. With autograd recording (an input that requires grad), the rotation is
+    differentiable as PyTorch's in-place ops are: the same values are computed out of place and copied in with
+    ``copy_``, which bumps the version counters, rebases views and refuses a leaf that requires grad.
+    """
     section = _check(q, k, cos, sin, mrope_section, section_layout)
-    _ops.mrope_(q, k, cos, sin, section, section_layout == "hf")
+    check_no_overlap("q", q, "k", k)
+    hf = section_layout == "hf"
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad):
+        q_rot, k_rot = _ops.mrope_fwd(q, k, cast(cos, q.dtype), cast(sin, q.dtype), section, hf, False)
+        q.copy_(q_rot)
+        k.copy_(k_rot)
+        return q, k
+    _ops.mrope_(q, k, cos, sin, section, hf)
+    _bump_versions(q, k)
     return q, k
 
 
 def rope(q, k, cos, sin, q_out, k_out, mrope_section_doubled, *, section_layout: str = "hf") -> None:
     """Wall-X backend signature: writes rotated q, k into ``q_out``, ``k_out`` (may be ``q``, ``k``), in q's
-    dtype with the tables cast to it (the published kernel's arithmetic)."""
+    dtype with the tables cast to it (the published kernel's arithmetic). As PyTorch's ``out=`` functions, it
+    does not record autograd: with inputs that require grad use :func:`apply_rotary` (or ``q_out=q, k_out=k``,
+    which is :func:`apply_rotary_`)."""
     section = [int(s) // 2 for s in mrope_section_doubled] if cos.dim() == 4 else None
     if q_out is q and k_out is k:
         apply_rotary_(q, k, cos, sin, section, section_layout=section_layout)
         return
     sec = _check(q, k, cos, sin, section, section_layout)
+    for name, t in (("q_out", q_out), ("k_out", k_out)):
+        check_tensor(name, t, device=q.device)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, cos, sin, q_out, k_out)):
+        raise RuntimeError("rope(q_out=..., k_out=...) writes into q_out and k_out outside autograd, so it takes no "
+                           "input that requires grad; use sptr.ops.apply_rotary (out of place) or q_out=q, k_out=k")
+    check_no_overlap("q_out", q_out, "k_out", k_out)
+    for out_name, out, in_name, x in (("q_out", q_out, "k", k), ("k_out", k_out, "q", q),
+                                      ("q_out", q_out, "q", q), ("k_out", k_out, "k", k)):
+        if not (out_name[0] == in_name[0] and _same_view(out, x)):  # exactly in place is exact; partly is not
+            check_no_overlap(out_name, out, in_name, x)
     _ops.mrope_fwd_out(q, k, cos, sin, sec, section_layout == "hf", q_out, k_out)
+    _bump_versions(q_out, k_out)
 
 
 def rope_bwd(grad_q_out, grad_k_out, q, k, cos, sin, grad_q, grad_k, mrope_section_doubled, *,

@@ -4,7 +4,9 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-from ._checks import FLOATING, INDEX, cast, check_range, check_shape, check_tensor, data_checks
+import torch
+
+from ._checks import FLOATING, INDEX, ValueChecks, cast, check_shape, check_tensor, data_checks, data_checks_enabled
 from .step_attention import (
     attention_step1,
     attention_step2,
@@ -16,6 +18,7 @@ from .fused_window_attention import RelativePosition, window_attention
 from .windowing import quantised_coords, relative_position_index
 
 _warned_partial_rel = False
+PE_TYPES = ("none", "contextual", "sine", "fourier")  # sine / fourier act in the module, before this op
 
 
 def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_max, index_1, index_1_offsets,
@@ -33,7 +36,15 @@ def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_ma
     check_tensor("query", query, dim=3, dtypes=FLOATING)
     check_tensor("sort_idx", sort_idx, dim=1, dtypes=INDEX, device=query.device)
     check_shape("sort_idx", sort_idx, (query.shape[0],))
-    check_range("sort_idx", sort_idx, 0, query.shape[0])
+    if pe_type not in PE_TYPES:
+        raise ValueError(f"pe_type must be one of {PE_TYPES}, got {pe_type!r}")
+    n = query.shape[0]
+    checks = ValueChecks().range("sort_idx", sort_idx, 0, n)
+    if n and data_checks_enabled():  # a permutation: every point exactly once (clamped: the range check names it)
+        once = torch.zeros(n, dtype=torch.int32, device=sort_idx.device).index_add_(
+            0, sort_idx.clamp(0, n - 1), torch.ones_like(sort_idx, dtype=torch.int32))
+        checks.require("sort_idx must be a permutation of 0 .. N-1 (each point exactly once)", (once == 1).all())
+    checks.run()
     out_dtype = query.dtype
     if dtype is not None:
         query, key, value = cast(query, dtype), cast(key, dtype), cast(value, dtype)

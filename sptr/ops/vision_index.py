@@ -7,9 +7,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from torch._subclasses.fake_tensor import is_fake
+
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, ValueChecks, check_tensor, data_checks_enabled, is_int
+from ._checks import FLOATING, INDEX, ValueChecks, check_int, check_tensor, data_checks_enabled, is_finite_number, is_int
 
 _ops = torch.ops.sptr
 
@@ -61,15 +63,25 @@ def _as_seconds(second_per_grid_ts, device):
 
 
 def _check_rope_index_values(input_ids, image_grid_thw, video_grid_thw, attention_mask, image_token_id,
-                             video_token_id, vision_start_token_id) -> None:
-    """Where transformers 4.49 raises (IndexError, TypeError, a failed cat), raise a ValueError naming the
-    argument: one host sync for all of them, skipped under data_checks(False) and torch.compile."""
+                             video_token_id, vision_start_token_id, spatial_merge_size, extra=()) -> None:
+    """Where transformers 4.49 raises (IndexError, TypeError, a failed cat or assignment), raise a ValueError
+    naming the argument: one host sync for all of them (and the caller's `extra` (message, condition) pairs),
+    skipped under data_checks(False) and torch.compile."""
     if not data_checks_enabled():  # nor compute the conditions: they are a dozen kernel launches
         return
     checks = ValueChecks()
+    for message, condition in extra:
+        checks.require(message, condition)
+    m, length = spatial_merge_size, input_ids.shape[1]
     for name, grid in (("image_grid_thw", image_grid_thw), ("video_grid_thw", video_grid_thw)):
         if grid is not None and grid.numel():
             checks.require(f"{name} must hold positive sizes t, h, w >= 1", (grid > 0).all())
+            # h // merge == 0 leaves an empty block (transformers fails taking its max); a block of more merged
+            # tokens than a row holds cannot be placed (transformers fails assigning its positions)
+            checks.require(f"{name} must have h and w >= spatial_merge_size {m}", (grid[:, 1:] >= m).all())
+            tokens = grid[:, 0].double() * (grid[:, 1] // m).double() * (grid[:, 2] // m).double()
+            checks.require(f"{name} has a block of more t*(h/{m})*(w/{m}) tokens than input_ids' rows hold "
+                           f"({length})", (tokens <= length).all())
     kept = torch.ones_like(input_ids, dtype=torch.bool)
     if attention_mask is not None:
         checks.require("attention_mask must hold only 0 and 1 (transformers keeps the tokens where it == 1; "
@@ -115,20 +127,44 @@ def get_rope_index(input_ids: Tensor, image_grid_thw: Tensor | None, video_grid_
     the call has no host synchronisation on CUDA. int32 ``input_ids`` (transformers fails to write int64
     positions into its int32 buffer) give the int64 result transformers computes for the same ids as int64.
     """
+    return _rope_index(input_ids, image_grid_thw, video_grid_thw, second_per_grid_ts, attention_mask,
+                       spatial_merge_size, image_token_id, video_token_id, vision_start_token_id, tokens_per_second)
+
+
+def _rope_index(input_ids, image_grid_thw, video_grid_thw, second_per_grid_ts, attention_mask, spatial_merge_size,
+                image_token_id, video_token_id, vision_start_token_id, tokens_per_second, extra_checks=()):
     check_tensor("input_ids", input_ids, dim=2)
+    if input_ids.is_floating_point() or input_ids.is_complex():
+        raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
     if attention_mask is not None:
-        check_tensor("attention_mask", attention_mask, dim=2)
+        check_tensor("attention_mask", attention_mask, dim=2, device=input_ids.device)
         if attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask must have the shape of input_ids {tuple(input_ids.shape)}, got "
                              f"{tuple(attention_mask.shape)}")
     for name, g in (("image_grid_thw", image_grid_thw), ("video_grid_thw", video_grid_thw)):
         if g is not None:
-            check_tensor(name, g, dim=2, dtypes=(torch.int32, torch.int64))
-    _check_rope_index_values(input_ids, image_grid_thw, video_grid_thw, attention_mask, image_token_id,
-                             video_token_id, vision_start_token_id)
+            check_tensor(name, g, dim=2, dtypes=INDEX, device=input_ids.device)
+    merge = check_int("spatial_merge_size", spatial_merge_size, 1)
+    ids = [check_int(name, v) for name, v in (("image_token_id", image_token_id), ("video_token_id", video_token_id),
+                                              ("vision_start_token_id", vision_start_token_id))]
+    if not is_finite_number(tokens_per_second):
+        raise TypeError(f"tokens_per_second must be a finite number, got {tokens_per_second!r}")
+    _check_rope_index_values(input_ids, image_grid_thw, video_grid_thw, attention_mask, *ids, merge, extra_checks)
     return _ops.rope_index(input_ids, image_grid_thw, video_grid_thw, _as_seconds(second_per_grid_ts, input_ids.device),
-                           attention_mask, int(spatial_merge_size), int(image_token_id), int(video_token_id),
-                           int(vision_start_token_id), float(tokens_per_second))
+                           attention_mask, merge, *ids, float(tokens_per_second))
+
+
+def _vision_grid(grid_thw, spatial_merge_size, num_tokens, op: str) -> int:
+    """The checks shared by the vision tower's index functions; the merge size as an int."""
+    check_tensor("grid_thw", grid_thw, dim=2, dtypes=INDEX)
+    merge = check_int("spatial_merge_size", spatial_merge_size, 1)
+    if grid_thw.shape[0] == 0:
+        raise ValueError(f"grid_thw has no rows: {op} needs at least one image or video (transformers fails on an "
+                         "empty grid too)")
+    if num_tokens is None and (grid_thw.is_meta or is_fake(grid_thw)):
+        raise ValueError(f"{op} of a grid without values (meta or fake) needs num_tokens, the output size")
+    _check_num_tokens(grid_thw, merge, num_tokens)
+    return merge
 
 
 def rot_pos_emb(inv_freq: Tensor, grid_thw: Tensor, spatial_merge_size: int, num_tokens: int | None = None) -> Tensor:
@@ -142,9 +178,8 @@ def rot_pos_emb(inv_freq: Tensor, grid_thw: Tensor, spatial_merge_size: int, num
     torch.compile) the call is one kernel launch with no host sync. Without it the size is read from the grid
     (one device-to-host copy for a GPU grid)."""
     check_tensor("inv_freq", inv_freq, dim=1, dtypes=FLOATING)
-    check_tensor("grid_thw", grid_thw, dim=2, dtypes=(torch.int32, torch.int64))
-    _check_num_tokens(grid_thw, spatial_merge_size, num_tokens)
-    return _ops.vision_rot_pos_emb(inv_freq, grid_thw, int(spatial_merge_size), num_tokens)
+    merge = _vision_grid(grid_thw, spatial_merge_size, num_tokens, "rot_pos_emb")
+    return _ops.vision_rot_pos_emb(inv_freq, grid_thw, merge, num_tokens)
 
 
 def get_window_index(grid_thw: Tensor, spatial_merge_size: int, vit_merger_window_size: int, patch_size: int = 0,
@@ -159,12 +194,10 @@ def get_window_index(grid_thw: Tensor, spatial_merge_size: int, vit_merger_windo
     graph): ``cu_window_seqlens`` then has ``num_tokens / merge² + 1`` entries, the deduplicated lengths
     followed by repeats of the total (empty windows: the same attention for varlen kernels and masks, and
     ``torch.unique_consecutive`` of it is the exact result)."""
-    check_tensor("grid_thw", grid_thw, dim=2, dtypes=(torch.int32, torch.int64))
-    if vit_merger_window_size <= 0:
-        raise ValueError(f"vit_merger_window_size must be positive, got {vit_merger_window_size}")
-    _check_num_tokens(grid_thw, spatial_merge_size, num_tokens)
-    return _ops.vision_window_index(grid_thw, int(spatial_merge_size), int(vit_merger_window_size),
-                                    int(spatial_merge_unit), num_tokens)
+    merge = _vision_grid(grid_thw, spatial_merge_size, num_tokens, "get_window_index")
+    window = check_int("vit_merger_window_size", vit_merger_window_size, 1)
+    unit = check_int("spatial_merge_unit", spatial_merge_unit, 1)
+    return _ops.vision_window_index(grid_thw, merge, window, unit, num_tokens)
 
 
 def get_rope_index_hf5(input_ids: Tensor, mm_token_type_ids: Tensor, image_grid_thw: Tensor | None = None,
@@ -179,7 +212,10 @@ def get_rope_index_hf5(input_ids: Tensor, mm_token_type_ids: Tensor, image_grid_
     with images, or videos of one temporal patch, it equals transformers 5.17. Videos with T > 1 keep 4.49's
     time rule (fractional seconds, temporal extent reserved), which 5.17 changed.
     """
-    check_tensor("mm_token_type_ids", mm_token_type_ids, dim=2)
+    check_tensor("mm_token_type_ids", mm_token_type_ids, dim=2, device=input_ids.device)
+    if mm_token_type_ids.is_floating_point() or mm_token_type_ids.is_complex() or mm_token_type_ids.dtype == torch.bool:
+        raise TypeError(f"mm_token_type_ids must be an integer tensor (0 text, 1 image, 2 video), got "
+                        f"{mm_token_type_ids.dtype}")
     if mm_token_type_ids.shape != input_ids.shape:
         raise ValueError(f"mm_token_type_ids must have the shape of input_ids {tuple(input_ids.shape)}, got "
                          f"{tuple(mm_token_type_ids.shape)}")
@@ -189,8 +225,10 @@ def get_rope_index_hf5(input_ids: Tensor, mm_token_type_ids: Tensor, image_grid_
     run_start = (types != 0) & (types != torch.nn.functional.pad(types, (1, 0), value=0)[:, :-1])
     ids = torch.where(torch.nn.functional.pad(run_start, (0, 1), value=False)[:, 1:], start, ids)
     mask = None if attention_mask is None else (attention_mask != 0).long()
-    pos, _ = get_rope_index(ids, image_grid_thw, video_grid_thw, second_per_grid_ts, mask, spatial_merge_size,
-                            image, video, start, tokens_per_second)
+    known = ((types >= 0) & (types <= 2)).all() if mm_token_type_ids.numel() else torch.ones((), dtype=torch.bool)
+    pos, _ = _rope_index(ids, image_grid_thw, video_grid_thw, second_per_grid_ts, mask, spatial_merge_size, image,
+                         video, start, tokens_per_second,
+                         [("mm_token_type_ids must hold 0 (text), 1 (image) or 2 (video)", known)])
     valid = torch.ones_like(types, dtype=torch.bool) if mask is None else mask.bool()
     pos = pos.masked_fill(~valid[None], 0)
     lengths = valid.sum(-1, keepdim=True)

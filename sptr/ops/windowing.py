@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import ValueChecks
+from ._checks import ValueChecks, data_checks_enabled
 from .step_attention import precompute_all
 
 _ops = torch.ops.sptr
@@ -69,25 +69,25 @@ def check_points(xyz: Tensor, batch: Tensor | None = None, name: str = "xyz") ->
         raise ValueError(f"batch is on {batch.device}, {name} on {xyz.device}")
 
 
-def _cell_ids(pos: Tensor, batch: Tensor, size: Tensor, start: Tensor | None):
+def _cell_ids(pos: Tensor, batch: Tensor, size: Tensor, start: Tensor | None, name: str) -> Tensor:
     """torch_cluster's mixed-radix cell id ``x + n_x·(y + n_y·(z + n_z·b))`` (batch as the slowest
-    coordinate with cell size 1), evaluated in ``pos.dtype``."""
-    b = batch.to(pos.dtype).reshape(-1, 1)
-    coords = torch.cat([pos, b], dim=1)
-    sizes = torch.cat([size, size.new_ones(1)])
-    if start is None:
-        origin = coords.min(0).values
-    else:
-        origin = torch.cat([start, start.new_zeros(1)])
-    end = coords.max(0).values
-    cell = torch.floor((coords - origin) / sizes).long()
-    extent = torch.trunc((end - origin) / sizes).long() + 1
-    ids = cell[:, 0]
-    stride = torch.ones((), dtype=torch.long, device=pos.device)
-    for dim in range(1, coords.shape[1]):
-        stride = stride * extent[dim - 1]
-        ids = ids + cell[:, dim] * stride
-    return ids
+    coordinate with cell size 1): the spatial cells evaluated in ``pos.dtype`` (the published arithmetic), the
+    batch exactly in int64 (in fp16 scans past 2048 would share windows). Checks that the coordinates are finite
+    and that the id fits int64 (coordinates near 1e30 with millimetre windows would wrap and merge cells): one
+    host sync, skipped under data_checks(False) and torch.compile."""
+    origin = pos.min(0).values if start is None else start
+    cell = torch.floor((pos - origin) / size)
+    extent = torch.trunc((pos.max(0).values - origin) / size) + 1
+    b = batch.long()
+    b0 = b.min() if start is None else b.new_zeros(())
+    scans = b.max() - b0 + 1
+    if data_checks_enabled():
+        ValueChecks().finite(name, pos).require(
+            f"{name} spans too many windows: the window id (windows per axis times scans) overflows int64; use "
+            "larger windows or coordinates nearer the origin", (extent.double().prod() * scans.double()) < 2.0 ** 62
+        ).run()
+    cell, extent = cell.long(), extent.long()
+    return cell[:, 0] + extent[0] * (cell[:, 1] + extent[1] * (cell[:, 2] + extent[2] * (b - b0)))
 
 
 def grid_sample(pos: Tensor, batch: Tensor, size, start=None, return_p2v=True, return_counts=True,
@@ -98,14 +98,13 @@ def grid_sample(pos: Tensor, batch: Tensor, size, start=None, return_p2v=True, r
     ``(cluster, p2v_map, counts[, unique])`` with ``p2v_map (n, n_max)`` zero-padded point lists.
     """
     check_points(pos, batch, name="pos")
-    ValueChecks().finite("pos", pos).run()
     size_t = _as_vector("size", size, pos)
     start_t = None if start is None else _as_vector("start", start, pos, positive=False)
     if pos.shape[0] == 0:
         empty = torch.zeros(0, dtype=torch.long, device=pos.device)
         unique, cluster, counts = empty, empty, empty
     else:
-        ids = _cell_ids(pos, batch, size_t, start_t)
+        ids = _cell_ids(pos, batch, size_t, start_t, "pos")
         unique, cluster, counts = torch.unique(ids, sorted=True, return_inverse=True, return_counts=True)
     if not return_p2v and not return_counts:
         return cluster
@@ -126,13 +125,12 @@ def _window_cells(xyz: Tensor, batch: Tensor, window_size, shift_win: bool) -> T
     """Each point's window cell key (optionally half-window-shifted); ascending keys are SparseTransformer's
     window order (``grid_sample``'s dense ranks)."""
     check_points(xyz, batch)
-    ValueChecks().finite("xyz", xyz).run()
     w = _as_vector("window_size", window_size, xyz)
     if xyz.shape[0] == 0:
         return torch.zeros(0, dtype=torch.long, device=xyz.device)
     if shift_win:
-        return _cell_ids(xyz + 0.5 * w, batch, w, xyz.min(0).values)
-    return _cell_ids(xyz, batch, w, None)
+        return _cell_ids(xyz + 0.5 * w, batch, w, xyz.min(0).values, "xyz")
+    return _cell_ids(xyz, batch, w, None, "xyz")
 
 
 @torch.library.register_fake("sptr::window_sort")
@@ -182,6 +180,7 @@ def _split_func_arity(split_func) -> int:
 def _quantised(xyz: Tensor, window_size, quant_size, shift_win: bool) -> Tensor:
     """Each point's quantisation cell inside its window, as float32 (SparseTransformer §5.1)."""
     check_points(xyz)
+    ValueChecks().finite("xyz", xyz).run()  # NaN would become INT_MIN cells
     x = xyz.float()
     w = _as_vector("window_size", window_size, x)
     q = _as_vector("quant_size", quant_size, x)

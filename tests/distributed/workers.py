@@ -37,7 +37,7 @@ ANCHORS = torch.tensor([[-60.0, -60.0, -5.0, 0.0], [60.0, 60.0, 5.0, 0.0], [0.0,
                         [-1.0, -1e-6, 0.0, 0.0]])
 
 
-def scan_inputs(cfg, scan_ids):
+def scan_inputs(cfg, scan_ids, dtype=torch.float32):
     """Deterministic training inputs of the given scans: one random point per voxel, seeded per scan."""
     from sptr.models.sphereformer import sparse_input
 
@@ -49,20 +49,23 @@ def scan_inputs(cfg, scan_ids):
         voxels.append(voxelize_scan(points, cfg.voxel_size, cfg.pc_range, mode="random", labels=labels,
                                     generator=torch.Generator().manual_seed(i)))
     feats, coords, xyz, batch, labels = collate_scans(voxels)
-    return sparse_input(feats, coords, batch, len(scan_ids)), xyz, batch, labels
+    return sparse_input(feats.to(dtype), coords, batch, len(scan_ids)), xyz, batch, labels
 
 
-def small_unet():
+def small_unet(dtype=torch.float32):
+    """The test U-Net; in float64 (attention too) reduction-order differences are ~1e-13 relative, so DDP and
+    one process can be compared with a bound that holds on any CPU."""
     from sptr.models.sphereformer import SphereFormerUNet, SphereFormerUNetConfig
 
     torch.manual_seed(0)
     # no drop path: its random masks would differ between the ranks and the single process
-    cfg = SphereFormerUNetConfig(channels=(32, 64), sphere_layers=(1, 2), drop_path_rate=0.0)
-    return SphereFormerUNet(cfg).train()
+    cfg = SphereFormerUNetConfig(channels=(32, 64), sphere_layers=(1, 2), drop_path_rate=0.0,
+                                 attention_dtype="float64" if dtype == torch.float64 else "float32")
+    return SphereFormerUNet(cfg).to(dtype).train()
 
 
 def unet_loss(model, cfg, scan_ids):
-    x, xyz, batch, labels = scan_inputs(cfg, scan_ids)
+    x, xyz, batch, labels = scan_inputs(cfg, scan_ids, next(model.parameters()).dtype)
     total = F.cross_entropy(model(x, xyz, batch), labels, ignore_index=cfg.ignore_label, reduction="sum")
     return global_mean(total, (labels != cfg.ignore_label).sum())
 
@@ -70,7 +73,7 @@ def unet_loss(model, cfg, scan_ids):
 def ddp_unet_step(rank: int) -> dict | None:
     """One DDP step with SyncBatchNorm (rank r holds scan r); rank 0 returns the gradients, the BN running
     statistics, the checkpoint (module. keys) and its eval logits on scan 0."""
-    model = small_unet()
+    model = small_unet(torch.float64)
     cfg = model.cfg
     model = DistributedDataParallel(convert_sync_batchnorm(model), static_graph=True)
     unet_loss(model, cfg, [rank]).backward()
@@ -79,7 +82,7 @@ def ddp_unet_step(rank: int) -> dict | None:
         buffers = {n: b.clone() for n, b in model.module.named_buffers()}
         net = model.module.eval()  # not through DDP: its forward would broadcast buffers to the other rank
         with torch.no_grad():
-            x, xyz, batch, _ = scan_inputs(cfg, [0])
+            x, xyz, batch, _ = scan_inputs(cfg, [0], torch.float64)
             logits = net(x, xyz, batch)
         return {"grads": grads, "buffers": buffers, "state_dict": model.state_dict(), "logits": logits}
     return None

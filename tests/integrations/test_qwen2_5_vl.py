@@ -137,3 +137,21 @@ def test_fused_mrope_rejects_squeezed_stream_tables():
     streams = torch.randn(3, 5, 16)  # [3, S, D]: would be read as a composed [B = 3, S, D] table
     with pytest.raises(ValueError, match=r"\[3, B, S, D\] stream tables"):
         qwen2_5_vl.fused_multimodal_rotary_pos_emb(q, q, streams, streams, [2, 3, 3])
+
+
+def test_a_patched_model_pickles_and_loads_patched(tmp_path):
+    """torch.save of a patched model loads (a bound method pickled as a name lookup failed at load time), still
+    patched, with the same logits."""
+    model = qwen2_5_vl.apply_to(tiny_model())
+    batch = inputs()
+    with torch.no_grad():
+        want = model(**batch).logits
+    path = tmp_path / "patched.pt"
+    torch.save(model, path)
+    loaded = torch.load(path, weights_only=False)
+    assert isinstance(loaded.__dict__["get_rope_index"], qwen2_5_vl.PatchedMethod)
+    assert loaded.__dict__["get_rope_index"].module is loaded
+    with torch.no_grad():
+        assert torch.equal(loaded(**batch).logits, want)
+    qwen2_5_vl.restore(loaded)
+    assert not any(isinstance(v, qwen2_5_vl.PatchedMethod) for m in loaded.modules() for v in m.__dict__.values())

@@ -75,25 +75,28 @@ def test_index_cache_hit_and_mismatch(attention, cache_key):
 
 def test_fused_layers_check_values_only_when_building_windows(monkeypatch):
     """The fused layers' attention runs without value checks (each would be a host sync on CUDA): only the
-    finite-coordinates check of a window partition runs, once per partition (the block's cubic and spherical
-    windows; none when VarLengthMultiheadSA reuses the cached windows)."""
+    checks of a window partition run (finite coordinates, window ids inside int64: one run, one sync), once per
+    partition (the block's cubic and spherical windows; none when VarLengthMultiheadSA reuses the cached
+    windows)."""
     from sptr.ops import _checks
 
-    checked = []
+    runs = []
     run = _checks.ValueChecks.run
-    monkeypatch.setattr(_checks.ValueChecks, "run", lambda self: (checked.extend(c[0] for c in self._checks),
-                                                                  run(self))[1])
+    monkeypatch.setattr(_checks.ValueChecks, "run", lambda self: (  # a run with no check is no sync
+        self._checks and runs.append([c[0] for c in self._checks]), run(self))[1])
+    partition = ["xyz", "xyz spans too many windows: the window id (windows per axis times scans) overflows int64; "
+                        "use larger windows or coordinates nearer the origin"]
     xyz, batch, feats = points()
     SphereFormer(SphereFormerConfig(window_size=(0.6, 0.6, 0.6), quant_size=(0.05, 0.05, 0.05)))(feats, xyz, batch)
-    assert checked == ["xyz", "xyz"]
-    checked.clear()
+    assert runs == [partition, partition]
+    runs.clear()
     t = sptr.SparseTrTensor(feats, torch.cat([batch[:, None].float(), xyz], 1), None, 2)
     layer = sptr.VarLengthMultiheadSA(32, 2, "k", 0.3, pe_type="contextual", rel_query=True, rel_key=True,
                                       rel_value=True, quant_size=0.0125)
     layer(t)
-    assert checked == ["xyz"]
+    assert runs == [partition]
     layer(t)
-    assert checked == ["xyz"]
+    assert runs == [partition]
 
 
 @pytest.mark.cuda
@@ -220,3 +223,18 @@ def test_sphereformer_attention_matches_reference_branches():
     out.square().sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in block.parameters())
     assert np.isfinite(out.detach().numpy()).all()
+
+
+def test_drop_path_is_timms_to_the_last_bit():
+    """SphereFormer uses timm's DropPath: x * (mask / keep), the same random draw; p = 1 drops everything."""
+    from sptr.layers.sphereformer import DropPath
+
+    x = torch.randn(64, 8)
+    layer = DropPath(0.3).train()
+    torch.manual_seed(5)
+    got = layer(x)
+    torch.manual_seed(5)
+    mask = x.new_empty(64, 1).bernoulli_(0.7)
+    assert torch.equal(got, x * (mask / 0.7))
+    assert torch.equal(DropPath(1.0).train()(x), torch.zeros_like(x))
+    assert DropPath(0.3).eval()(x) is x

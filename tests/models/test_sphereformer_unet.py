@@ -144,6 +144,23 @@ def test_released_checkpoint_loads_strictly_and_round_trips(full_model, tmp_path
     assert torch.equal(before, after)
 
 
+def test_checkpoint_as_sphereformer_train_py_writes_it_loads(full_model, tmp_path):
+    """train.py's save after a validation: the model plus optimizer and scheduler states, best_iou a numpy float64
+    and is_best a numpy bool (weights_only refused their globals); the training entries are ignored."""
+    state = released_state_dict()
+    opt = torch.optim.SGD(full_model.parameters(), lr=0.01, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: (1 - epoch / 50) ** 0.9)
+    path = tmp_path / "model_last.pth"
+    torch.save({"epoch": 12, "state_dict": state, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "best_iou": np.float64(0.6532), "is_best": np.bool_(True)}, path)
+    load_pretrained(full_model, str(path))
+    got = full_model.state_dict()
+    assert all(torch.equal(got[k[len("module."):]], v) for k, v in state.items())
+    torch.save({"state_dict": state, "hook": eval}, tmp_path / "hook.pth")  # a global that runs code: refused
+    with pytest.raises(Exception, match="Unsupported global|weights_only"):
+        load_pretrained(full_model, str(tmp_path / "hook.pth"))
+
+
 def test_spconv_21_layout_is_converted(full_model):
     state = released_state_dict(layout="2.1", seed=1)
     assert state["module.input_conv.0.weight"].shape == (3, 3, 3, 32, 4)

@@ -190,7 +190,7 @@ def test_trainable_table_gradients_match_transformers(dtype, table_batch):
 def test_section_and_table_shape_errors():
     cos, sin = tables(1, 4, 16, torch.float32, "cpu")
     q, k = qk(3, 2, 1, 4, 16, torch.float32, "cpu", transposed=False)
-    with pytest.raises(TypeError, match="mrope_section must hold ints"):
+    with pytest.raises(TypeError, match="mrope_section must be a list of 3 ints"):
         rope.apply_rotary(q, k, cos, sin, [2.0, 3.0, 3.0])
     streams = cos.expand(3, 3, 4, 16)[:, 0]  # [3, S, D]: the stream tables with the batch squeezed out
     with pytest.raises(ValueError, match="composed .* takes mrope_section=None"):

@@ -36,6 +36,7 @@ std::tuple<at::Tensor, at::Tensor> vision_window_index_cpu(const at::Tensor& gri
                                                            int64_t unit, std::optional<int64_t> num_tokens) {
   SPTR_CHECK_VALUE(window > 0, "window size (vit_merger_window_size) must be positive, got ", window);
   const VisionSizes z = vision_sizes(grid_thw, merge, window, /*need_divisible=*/false, num_tokens);
+  check_window_unit(unit, z.entries);
   const GridTable t = grid_table(grid_thw, merge, window, /*need_divisible=*/false);
   auto index = at::empty({t.entries}, grid_thw.options().device(at::kCPU).dtype(at::kInt));
   auto cu = at::empty({z.offsets}, index.options());

@@ -331,6 +331,7 @@ std::tuple<at::Tensor, at::Tensor> vision_window_index_cuda(const at::Tensor& gr
   c10::cuda::CUDAGuard guard(grid_thw.device());
   SPTR_CHECK_VALUE(window > 0, "window size (vit_merger_window_size) must be positive, got ", window);
   const VisionSizes z = vision_sizes(grid_thw, merge, window, /*need_divisible=*/false, num_tokens);
+  check_window_unit(unit, z.entries);
   auto opts = grid_thw.options().dtype(at::kInt);
   auto index = at::empty({z.entries}, opts), cu = at::empty({z.offsets}, opts);
   auto grid = grid_thw.contiguous();

@@ -81,6 +81,14 @@ inline VisionSizes vision_sizes(const at::Tensor& grid_thw, int64_t merge, int64
   return z;
 }
 
+// cu_window_seqlens counts patches (entries · spatial_merge_unit) in int32, as the vision tower's varlen
+// attention reads it.
+inline void check_window_unit(int64_t unit, int64_t entries) {
+  SPTR_CHECK_VALUE(unit >= 1, "spatial_merge_unit must be >= 1 (spatial_merge_size^2 in Qwen2.5-VL), got ", unit);
+  SPTR_CHECK_VALUE(entries <= int64_t(INT32_MAX) / unit, "cu_window_seqlens is int32, but ", entries,
+                    " merged tokens times spatial_merge_unit ", unit, " patches exceed 2^31 - 1");
+}
+
 inline void check_inv_freq(const at::Tensor& inv_freq) {
   SPTR_CHECK_VALUE(inv_freq.dim() == 1, "inv_freq must be 1-D, got shape ", inv_freq.sizes());
   SPTR_CHECK_FLOATING(inv_freq);

@@ -157,8 +157,11 @@ SPTR_HD int64_t rope_index_walk(NextToken next_token, int64_t n_img, int64_t n_v
     blocks[nb++] = b;
     const int64_t base = nxt + b.e - st;
     int64_t extent = b.Hm > b.Wm ? b.Hm : b.Wm;
-    for (int64_t a = 0; a < b.T; ++a) {
-      const int64_t t1 = temporal_index(cfg, b.video, a) + 1;
+    // The largest temporal index: an image's is 0; a video's is monotone in a (each product and its rounding
+    // are), so it is at a = 0 or a = T - 1. Work independent of T: a grid's t cannot make the walk slow.
+    if (b.T > 0) {
+      const int64_t first = temporal_index(cfg, b.video, 0), last = temporal_index(cfg, b.video, b.T - 1);
+      const int64_t t1 = (first > last ? first : last) + 1;
       extent = t1 > extent ? t1 : extent;
     }
     nxt = base + extent;

@@ -47,7 +47,23 @@ def read_state_dict(path: str) -> dict:
         from safetensors.torch import load_file
 
         return load_file(path)
-    return as_state_dict(torch.load(path, map_location="cpu", weights_only=True), f"checkpoint {path!r}")
+    with torch.serialization.safe_globals(_numpy_scalar_globals()):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    return as_state_dict(state, f"checkpoint {path!r}")
+
+
+def _numpy_scalar_globals() -> list:
+    """What a numpy scalar pickles with (SphereFormer's train.py stores ``best_iou`` as a numpy float64 and
+    ``is_best`` as a numpy bool): numpy's scalar constructor and the dtype classes, which build values and run
+    no other code; nothing else is allowed beyond weights_only's own set."""
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import scalar
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import scalar
+    kinds = (np.float64, np.float32, np.float16, np.int64, np.int32, np.int16, np.int8, np.uint8, np.bool_)
+    return [scalar, np.dtype, *{type(np.dtype(k)) for k in kinds}]
 
 
 def _sparse_conv_weights(model: nn.Module) -> set[str]:
