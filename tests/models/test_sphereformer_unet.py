@@ -11,6 +11,7 @@ import torch.nn.functional as F
 pytest.importorskip("spconv", reason="the SphereFormer U-Net needs spconv (pip install spconv)")
 
 from sptr.data import collate_scans, lidar_scan, read_kitti_bin, voxelize_scan, write_kitti_label  # noqa: E402
+from sptr.data.labels import LabelMap  # noqa: E402
 from sptr.integrations.spconv_backend import import_spconv  # noqa: E402
 from sptr.models.sphereformer import (  # noqa: E402
     SphereFormerUNet, SphereFormerUNetConfig, load_pretrained, pool_coordinates, predict_scans, save_pretrained,
@@ -390,8 +391,51 @@ def test_inference_cli_writes_labels(tmp_path):
                           str(tmp_path), "--device", "cpu"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "points/s" in run.stdout
-    labels = np.fromfile(tmp_path / "scan.label", dtype=np.uint32)
-    assert labels.shape == (1500,) and labels.max() < 19
+    labels = np.fromfile(tmp_path / "scan.label", dtype=np.uint32)  # raw SemanticKITTI ids (car = 10, ...)
+    assert labels.shape == (1500,) and set(labels.tolist()) <= set(LabelMap.named("semantickitti").learning_map_inv.values())
+
+
+def test_inference_cli_mirrors_the_kitti_layout_and_keeps_existing_files(tmp_path):
+    """Two sequences with the same scan names: sequences/XX/predictions/N.label each; a directory argument;
+    an existing prediction is kept unless --overwrite; errors are one line, not a traceback."""
+    model = SphereFormerUNet(SphereFormerUNetConfig.from_yaml(CONFIGS["semantickitti"]))
+    weights, _ = save_pretrained(model, str(tmp_path / "ckpt"))
+    root = tmp_path / "kitti"
+    for seq in ("08", "11"):
+        (root / "sequences" / seq / "velodyne").mkdir(parents=True)
+        lidar_scan(800, seed=int(seq))[0].numpy().tofile(root / "sequences" / seq / "velodyne" / "000000.bin")
+    out = tmp_path / "out"
+    cli = [sys.executable, "-m", "sptr.models.sphereformer", "--config", CONFIGS["semantickitti"], "--checkpoint",
+           weights, "--points", str(root), "--output-dir", str(out), "--device", "cpu"]
+    run = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
+    for seq in ("08", "11"):
+        assert np.fromfile(out / "sequences" / seq / "predictions" / "000000.label", dtype=np.uint32).shape == (800,)
+    again = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert again.returncode == 2 and "--overwrite" in again.stderr and "Traceback" not in again.stderr
+    one = subprocess.run(cli + ["--sequences", "8", "--overwrite"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=300)
+    assert one.returncode == 0 and one.stdout.count(" points, ") == 1, one.stderr
+    flat = [str(root / "sequences" / s / "velodyne" / "000000.bin") for s in ("08", "11")]
+    clash = subprocess.run(cli[:7] + ["--points", *flat, "--output-dir", str(tmp_path / "o2"), "--device", "cpu"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert clash.returncode == 0, clash.stderr  # the layout keeps them apart
+    missing = subprocess.run(cli[:7] + ["--points", str(tmp_path / "nothing.bin")], capture_output=True, text=True,
+                             cwd=ROOT, timeout=300)
+    assert missing.returncode == 2 and "no such file" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_semantickitti_label_map():
+    table = LabelMap.named("semantickitti")
+    raw = torch.tensor([10, 40, 252, 0, 1, 52, 81 | (7 << 16)])  # the upper 16 bits: the instance id
+    assert table.to_classes(raw).tolist() == [0, 8, 0, 255, 255, 255, 18]
+    assert table.to_raw(torch.tensor([0, 8, 18])).tolist() == [10, 40, 81]
+    classes = torch.arange(19)
+    assert torch.equal(table.to_classes(torch.from_numpy(table.to_raw(classes).astype(np.int64))), classes)
+    with pytest.raises(ValueError, match="does not list"):
+        table.to_classes(torch.tensor([10, 7]))
+    with pytest.raises(ValueError, match="classes must lie in"):
+        table.to_raw(torch.tensor([19]))
 
 
 # ---------------------------------------------------------------- CUDA
