@@ -33,7 +33,7 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--lr", type=float, default=0.006)
     parser.add_argument("--weight-decay", type=float, default=0.02)
-    parser.add_argument("--amp", choices=["fp16", "bf16", "none"], help="default: fp16 on CUDA, bf16 on CPU")
+    parser.add_argument("--amp", choices=["fp16", "bf16", "none"], help="default: fp16 on CUDA; on CPU bf16 where the CPU has native bf16 (AVX512-BF16 / AMX), else none (fp32)")
     parser.add_argument("--attention-dtype", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--output", default="sphereformer_finetune.pth")
     parser.add_argument("--save-every", type=int, default=0, help="also save every N steps (0: only at the end)")

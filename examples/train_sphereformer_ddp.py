@@ -63,7 +63,7 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=0.006)
     parser.add_argument("--weight-decay", type=float, default=0.02)
     parser.add_argument("--clip", type=float, default=10.0, help="max gradient norm (0: no clipping)")
-    parser.add_argument("--amp", choices=["fp16", "bf16", "none"], help="default: fp16 on CUDA, bf16 on CPU")
+    parser.add_argument("--amp", choices=["fp16", "bf16", "none"], help="default: fp16 on CUDA; on CPU bf16 where the CPU has native bf16 (AVX512-BF16 / AMX), else none (fp32)")
     parser.add_argument("--attention-dtype", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--output", default="sphereformer_ddp.pth")
     parser.add_argument("--save-every", type=int, default=0)

@@ -491,3 +491,16 @@ def test_finetune_example_trains_saves_and_resumes(tmp_path):
     assert torch.load(out, weights_only=True)["step"] == 4
     example.main(common + ["--steps", "1", "--resume", out])
     assert torch.load(out, weights_only=True)["step"] == 5
+
+
+def test_cpu_autocast_default_follows_native_bf16(monkeypatch):
+    """bf16 autocast only where the CPU computes bf16 natively; emulated bf16 was 8x slower than fp32."""
+    from sptr.models.sphereformer import training
+
+    for avx512_bf16, amx, want in ((False, False, "none"), (True, False, "bf16"), (False, True, "bf16")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        amp, dtype, scaler = training.mixed_precision(None, "cpu")
+        assert amp == want and dtype == training.AMP_DTYPES[want] and not scaler.is_enabled()
+    assert training.mixed_precision("bf16", "cpu")[0] == "bf16"  # --amp overrides
+    assert training.mixed_precision(None, "cuda")[0] == "fp16"
