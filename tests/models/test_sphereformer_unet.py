@@ -504,3 +504,45 @@ def test_cpu_autocast_default_follows_native_bf16(monkeypatch):
         assert amp == want and dtype == training.AMP_DTYPES[want] and not scaler.is_enabled()
     assert training.mixed_precision("bf16", "cpu")[0] == "bf16"  # --amp overrides
     assert training.mixed_precision(None, "cuda")[0] == "fp16"
+
+
+def published_yaml(cfg, **extra_train):
+    """A config in SphereFormer's published layout (DATA / TRAIN / Distributed, its key names and training keys)."""
+    data = {"data_name": "semantic_kitti", "data_root": "/data/SemanticKITTI/dataset",
+            "label_mapping": "util/semantic-kitti.yaml", "classes": cfg.num_classes, "fea_dim": 6,
+            "voxel_size": list(cfg.voxel_size), "voxel_max": 120000}
+    train = {"arch": "unet_spherical_transformer", "input_c": cfg.in_channels, "m": cfg.channels[0],
+             "block_reps": cfg.block_reps, "block_residual": cfg.block_residual, "layers": list(cfg.channels),
+             "quant_size_scale": cfg.quant_size_scale, "patch_size": 1, "window_size": cfg.window_size,
+             "use_xyz": True, "sync_bn": True, "rel_query": True, "rel_key": True, "rel_value": True,
+             "drop_path_rate": cfg.drop_path_rate, "class_weight": [1.0] * cfg.num_classes, "xyz_norm": False,
+             "pc_range": [list(r) for r in cfg.pc_range], "window_size_sphere": list(cfg.window_size_sphere),
+             "window_size_scale": list(cfg.window_size_scale), "sphere_layers": list(cfg.sphere_layers),
+             "grad_checkpoint_layers": [], "a": cfg.a, "loss_name": "ce_loss", "transformer_lr_scale": 0.1,
+             "scheduler": "Poly", "power": 0.9, "base_lr": 0.006, "epochs": 50, "ignore_label": 255,
+             **extra_train}
+    return {"DATA": data, "TRAIN": train, "Distributed": {"dist_backend": "nccl", "world_size": 1, "rank": 0}}
+
+
+def test_published_sphereformer_yaml_converts(tmp_path):
+    import yaml
+
+    from sptr.models.sphereformer.published_config import from_sphereformer_yaml, main
+
+    ours = SphereFormerUNetConfig.from_yaml(CONFIGS["semantickitti"])
+    path = tmp_path / "semantic_kitti_unet32_spherical_transformer.yaml"
+    path.write_text(yaml.safe_dump(published_yaml(ours)))
+    converted = from_sphereformer_yaml(str(path))
+    assert converted.config == ours
+    assert converted.training["base_lr"] == 0.006 and "class_weight" in converted.training
+    assert "label_mapping" in converted.ignored and "dist_backend" in converted.ignored
+    assert SphereFormerUNetConfig.from_yaml(str(path)) == ours  # the published file loads as it is
+    main([str(path), "-o", str(tmp_path / "ours.yaml")])
+    assert SphereFormerUNetConfig.from_yaml(str(tmp_path / "ours.yaml")) == ours
+    doubled = published_yaml(ours, patch_size=2, window_size=3)  # train.py: window = voxel * patch_size * window
+    path.write_text(yaml.safe_dump(doubled))
+    assert from_sphereformer_yaml(str(path)).config.window_size == 6
+    for bad, match in (({"mystery": 1}, "unknown keys"), ({"rel_value": False}, "rel_value"), ({"m": 64}, "m = 64")):
+        path.write_text(yaml.safe_dump(published_yaml(ours, **bad)))
+        with pytest.raises(ValueError, match=match):
+            from_sphereformer_yaml(str(path))

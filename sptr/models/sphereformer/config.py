@@ -74,6 +74,21 @@ class SphereFormerUNetConfig(LayerConfig):
         attention_compute_dtype(self.attention_dtype)
 
     @classmethod
+    def from_yaml(cls, path: str, section: str | None = None):
+        """Our YAML (configs/sphereformer_*.yaml), or SphereFormer's published one (DATA / TRAIN sections),
+        converted by :func:`~sptr.models.sphereformer.published_config.from_sphereformer_yaml`."""
+        if section is None:
+            import yaml
+
+            with open(path) as f:
+                data = yaml.safe_load(f)
+            if isinstance(data, dict) and "TRAIN" in data:
+                from .published_config import from_sphereformer_yaml
+
+                return from_sphereformer_yaml(path).config
+        return super().from_yaml(path, section)
+
+    @classmethod
     def from_dict(cls, values):
         values = dict(values)
         if values.get("pc_range") is not None:
