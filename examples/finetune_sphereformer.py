@@ -53,7 +53,8 @@ def main(argv=None):
     pool = [lidar_scan(args.points, seed=s) for s in range(4 * args.batch_size)]
     generator = torch.Generator().manual_seed(start)
     losses = []
-    bar = tqdm(range(start, start + args.steps), desc="fine-tune", unit="step")
+    bar = tqdm(range(start, start + args.steps), desc="fine-tune", unit="step", initial=start,
+               total=start + args.steps)
     for step in bar:
         scans = [pool[(step * args.batch_size + i) % len(pool)] for i in range(args.batch_size)]
         x, xyz, batch, labels = training_batch(cfg, scans, generator, args.device)

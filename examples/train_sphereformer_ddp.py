@@ -84,7 +84,8 @@ def train(args, rank: int, world: int, device: torch.device) -> list[float]:
     generator = torch.Generator().manual_seed(1000 * rank + start)
     order, epoch, losses = [], 0, []
     points_seen, tic = 0.0, time.perf_counter()
-    bar = tqdm(range(start, start + args.steps), desc=f"ddp x{world}", unit="step", disable=rank != 0)
+    bar = tqdm(range(start, start + args.steps), desc=f"ddp x{world}", unit="step", disable=rank != 0, initial=start,
+               total=start + args.steps)
     for step in bar:
         while len(order) < args.batch_size:  # the sampler's epochs, one after another
             sampler.set_epoch(epoch)

@@ -13,6 +13,13 @@ applying these fixes, once per process:
   made on a GPU machine fails on CPU tensors: CPU inputs run the native algorithm.
 * On CPU it has no bf16 and breaks under CPU autocast (its ``mm`` calls turn bf16): the CPU calls run with
   autocast off on inputs cast to the weights' dtype, as its CUDA path casts to fp16 under autocast.
+
+And one notice: spconv asks ``torch.fx`` whether it is tracing in every forward, which torch 2.10+ answers with
+a one-time log line about torch.export ("is_fx_tracing will return true for both ...") that says nothing to a
+spconv user; it is muted.
+
+The fixes patch spconv's ``ops`` module for the process (spconv offers no hook for them) at the first
+:func:`import_spconv`, which ``sptr.models.sphereformer`` calls on import; they change only the cases above.
 """
 from __future__ import annotations
 
@@ -35,8 +42,28 @@ def import_spconv():
         raise ImportError(_INSTALL_HINT) from err
     if not _patched:
         _patch(ops)
+        _mute_fx_tracing_notice()
         _patched = True
     return spconv
+
+
+def _mute_fx_tracing_notice() -> None:
+    """torch prints the notice from a cached function: calling it once with its logger disabled mutes it (and
+    nothing else)."""
+    import logging
+
+    from torch.fx import _symbolic_trace
+
+    notice = getattr(_symbolic_trace, "is_fx_tracing_warning", None)
+    if notice is None:
+        return
+    log = logging.getLogger(_symbolic_trace.__name__)
+    was = log.disabled
+    log.disabled = True
+    try:
+        notice()
+    finally:
+        log.disabled = was
 
 
 def _current_stream_or_zero():

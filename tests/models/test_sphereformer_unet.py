@@ -390,7 +390,7 @@ def test_inference_cli_writes_labels(tmp_path):
                           "--checkpoint", weights, "--points", str(tmp_path / "scan.bin"), "--output-dir",
                           str(tmp_path), "--device", "cpu"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert "points/s" in run.stdout
+    assert "points/s" in run.stdout and "is_fx_tracing" not in run.stderr
     labels = np.fromfile(tmp_path / "scan.label", dtype=np.uint32)  # raw SemanticKITTI ids (car = 10, ...)
     assert labels.shape == (1500,) and set(labels.tolist()) <= set(LabelMap.named("semantickitti").learning_map_inv.values())
 
@@ -546,3 +546,23 @@ def test_published_sphereformer_yaml_converts(tmp_path):
         path.write_text(yaml.safe_dump(published_yaml(ours, **bad)))
         with pytest.raises(ValueError, match=match):
             from_sphereformer_yaml(str(path))
+
+
+def test_checkpoint_of_another_config_names_the_difference(tmp_path):
+    weights, _ = save_pretrained(SphereFormerUNet(small_config(num_classes=20)), str(tmp_path / "c20"))
+    with pytest.raises(ValueError, match=r"differs in num_classes = 20 \(model: 19\)"):
+        load_pretrained(SphereFormerUNet(small_config()), weights)
+
+
+def test_resume_from_weights_only_says_what_to_do(tmp_path):
+    from sptr.models.sphereformer import resume_training_state
+
+    model = SphereFormerUNet(small_config())
+    weights, _ = save_pretrained(model, str(tmp_path / "w"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    with pytest.raises(ValueError, match="--checkpoint"):
+        resume_training_state(weights, model, opt, scaler)
+    torch.save({"state_dict": model.state_dict()}, tmp_path / "plain.pth")
+    with pytest.raises(ValueError, match="lacks"):
+        resume_training_state(str(tmp_path / "plain.pth"), model, opt, scaler)

@@ -41,15 +41,41 @@ def as_state_dict(state, source: str = "checkpoint") -> dict:
 def read_state_dict(path: str) -> dict:
     """Tensors of a ``.safetensors`` file or a torch checkpoint (a state dict or ``{'state_dict': ...}``), read
     with ``weights_only=True``."""
+    return read_checkpoint(path)[0]
+
+
+def read_checkpoint(path: str) -> tuple[dict, dict | None]:
+    """``(state dict, the config it was saved with or None)``: a training checkpoint's ``config`` entry, or the
+    ``config.yaml`` that :func:`save_pretrained` writes beside a ``.safetensors`` file."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
 
-        return load_file(path)
+        beside = os.path.join(os.path.dirname(path), "config.yaml")
+        config = None
+        if os.path.isfile(beside):
+            import yaml
+
+            with open(beside) as f:
+                config = yaml.safe_load(f)
+        return load_file(path), config if isinstance(config, dict) else None
     with torch.serialization.safe_globals(_numpy_scalar_globals()):
         state = torch.load(path, map_location="cpu", weights_only=True)
-    return as_state_dict(state, f"checkpoint {path!r}")
+    config = state.get("config") if isinstance(state, dict) else None
+    return as_state_dict(state, f"checkpoint {path!r}"), config if isinstance(config, dict) else None
+
+
+def _config_difference(saved: dict | None, model: nn.Module) -> str:
+    """'; saved with a config that differs in ...' naming the fields, or '' (no saved config, or no difference)."""
+    cfg = getattr(model, "cfg", None)
+    if saved is None or not dataclasses.is_dataclass(cfg):
+        return ""
+    current = dataclasses.asdict(cfg)
+    plain = lambda v: [plain(x) for x in v] if isinstance(v, (list, tuple)) else v  # noqa: E731
+    diffs = [f"{k} = {saved[k]!r} (model: {current[k]!r})" for k in current
+             if k in saved and plain(saved[k]) != plain(current[k])]
+    return f"; the checkpoint was saved with a config that differs in {', '.join(diffs)}" if diffs else ""
 
 
 def _numpy_scalar_globals() -> list:
@@ -104,8 +130,9 @@ def load_pretrained(model: nn.Module, path_or_state, strict: bool = True, spconv
     """Load a checkpoint into ``model``: a path (``.pth``/``.pt``/``.tar`` torch file or ``.safetensors``) or a
     state dict, keys with or without ``module.``, spconv 2.1 weights converted. Strict by default; any shape
     mismatch raises a ValueError naming the key and both shapes. Returns ``load_state_dict``'s result."""
+    saved_config = None
     if isinstance(path_or_state, (str, os.PathLike)):
-        state = read_state_dict(os.fspath(path_or_state))
+        state, saved_config = read_checkpoint(os.fspath(path_or_state))
     else:
         state = as_state_dict(path_or_state, "path_or_state")
     state = match_module_prefix(state, model)
@@ -114,14 +141,16 @@ def load_pretrained(model: nn.Module, path_or_state, strict: bool = True, spconv
     mismatched = [f"{k}: checkpoint {tuple(v.shape)}, model {tuple(target[k].shape)}"
                   for k, v in state.items() if k in target and v.shape != target[k].shape]
     if mismatched:
-        raise ValueError("checkpoint shapes do not match the model:\n  " + "\n  ".join(mismatched))
+        raise ValueError("checkpoint shapes do not match the model:\n  " + "\n  ".join(mismatched)
+                         + _config_difference(saved_config, model))
     if strict:
         missing = sorted(set(target) - set(state))
         unexpected = sorted(set(state) - set(target))
         if missing or unexpected:
             raise ValueError(f"checkpoint keys do not match the model: missing {missing[:10]}"
                              f"{' ...' if len(missing) > 10 else ''} ({len(missing)}), unexpected "
-                             f"{unexpected[:10]}{' ...' if len(unexpected) > 10 else ''} ({len(unexpected)})")
+                             f"{unexpected[:10]}{' ...' if len(unexpected) > 10 else ''} ({len(unexpected)})"
+                             + _config_difference(saved_config, model))
     return model.load_state_dict(state, strict=strict)
 
 

@@ -49,10 +49,18 @@ def save_training_state(path: str, model, optimizer, scaler, step: int) -> None:
 
 def resume_training_state(path: str, model, optimizer, scaler) -> int:
     """Load what :func:`save_training_state` wrote; returns the step to continue from."""
-    from .checkpoint import load_pretrained
+    from .checkpoint import _numpy_scalar_globals, load_pretrained
 
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    load_pretrained(model, state["state_dict"])
+    if path.endswith(".safetensors"):
+        raise ValueError(f"{path!r} holds weights only; resuming needs a training checkpoint (weights, optimizer, "
+                         "scaler, step, as save_training_state writes): load weights with --checkpoint instead")
+    with torch.serialization.safe_globals(_numpy_scalar_globals()):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    missing = [k for k in ("state_dict", "optimizer", "scaler", "step") if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{path!r} is not a training checkpoint of this library (it lacks {missing}); load its "
+                         "weights with --checkpoint instead")
+    load_pretrained(model, path)
     optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
     return int(state["step"])
