@@ -1,12 +1,14 @@
 """Train the SphereFormer U-Net on several GPUs (or CPU processes) with DistributedDataParallel, as SphereFormer does.
 
     torchrun --nproc_per_node 2 examples/train_sphereformer_ddp.py [--steps 20] [--checkpoint released.pth]
-    torchrun --nproc_per_node 2 examples/train_sphereformer_ddp.py --resume sphereformer_ddp.pth
+    torchrun --nproc_per_node 2 examples/train_sphereformer_ddp.py --data-root KITTI --resume sphereformer_ddp.pth
 
 NCCL on GPUs (one per process), gloo on CPU. SyncBatchNorm across ranks (sptr's, which is PyTorch's on CUDA and
-also runs on CPU), a DistributedSampler over a pool of synthetic scans of varying size, the loss averaged over
-every rank's points (not rank by rank), autocast (fp16 with a GradScaler on CUDA, bf16 on CPU), gradient
-clipping, a tqdm bar and checkpoints on rank 0. Checkpoints hold the DDP model's ``module.`` keys, as the
+also runs on CPU), a DistributedSampler over SemanticKITTI's train split (``--data-root``) or a pool of synthetic
+scans of varying size, the loss averaged over every rank's points (not rank by rank), autocast (fp16 with a
+GradScaler on CUDA; on CPU bf16 where the CPU has native bf16, else fp32), gradient clipping, a tqdm bar and
+checkpoints on rank 0. On CPU the network defaults to two levels (``--small``; ``--full`` for the published five,
+about four minutes a step on two cores). Checkpoints hold the DDP model's ``module.`` keys, as the
 released ones, and load into a single-process model with ``load_pretrained``. A plain ``python`` run trains
 in one process.
 """
@@ -22,10 +24,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
-from sptr.data import lidar_scan
+from sptr.data import SemanticKITTI, collate_samples, lidar_scan
 from sptr.integrations.distributed import convert_sync_batchnorm, end_process_group, global_mean, init_from_torchrun
-from sptr.models.sphereformer import (SphereFormerUNet, SphereFormerUNetConfig, mixed_precision, resume_training_state,
-                                      save_training_state, training_batch)
+from sptr.models.sphereformer import (SphereFormerUNet, SphereFormerUNetConfig, batch_inputs, mixed_precision,
+                                      resume_training_state, save_training_state, training_batch)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = dict(channels=(32, 64), sphere_layers=(1, 2))  # --small: two levels, for CPU runs and tests
@@ -38,7 +40,8 @@ def scan_pool(count: int, points: int):
 
 def build_model(args, device):
     torch.manual_seed(0)  # identical initial weights on every rank (DDP broadcasts rank 0's anyway)
-    overrides = dict(SMALL) if args.small else {}
+    small = args.small or (device.type == "cpu" and not args.full)  # the five levels take minutes a step on CPU
+    overrides = dict(SMALL) if small else {}
     if args.attention_dtype:
         overrides["attention_dtype"] = args.attention_dtype
     model = SphereFormerUNet.from_yaml(args.config, args.checkpoint, **overrides).to(device).train()
@@ -53,7 +56,10 @@ def build_model(args, device):
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "sphereformer_semantickitti.yaml"))
-    parser.add_argument("--small", action="store_true", help="two levels (C 32/64) instead of the published five")
+    parser.add_argument("--small", action="store_true", help="two levels (C 32/64) instead of the published five "
+                        "(the default on CPU)")
+    parser.add_argument("--full", action="store_true", help="the published five levels also on CPU")
+    parser.add_argument("--data-root", help="SemanticKITTI (the folder holding sequences/); synthetic scans if omitted")
     parser.add_argument("--checkpoint", help="released or saved weights to start from (random init if omitted)")
     parser.add_argument("--resume", help="a checkpoint written by this script: weights, optimizer, step")
     parser.add_argument("--steps", type=int, default=10)
@@ -63,7 +69,8 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=0.006)
     parser.add_argument("--weight-decay", type=float, default=0.02)
     parser.add_argument("--clip", type=float, default=10.0, help="max gradient norm (0: no clipping)")
-    parser.add_argument("--amp", choices=["fp16", "bf16", "none"], help="default: fp16 on CUDA; on CPU bf16 where the CPU has native bf16 (AVX512-BF16 / AMX), else none (fp32)")
+    parser.add_argument("--amp", choices=["fp16", "bf16", "none"],
+                        help="default: fp16 on CUDA; bf16 on CPUs with native bf16 (AVX512-BF16 / AMX), else none")
     parser.add_argument("--attention-dtype", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--output", default="sphereformer_ddp.pth")
     parser.add_argument("--save-every", type=int, default=0)
@@ -79,8 +86,12 @@ def train(args, rank: int, world: int, device: torch.device) -> list[float]:
     amp, amp_dtype, scaler = mixed_precision(args.amp, device.type)
     start = resume_training_state(args.resume, model, optimizer, scaler) if args.resume else 0
 
-    pool = scan_pool(args.scans, args.points)
-    sampler = DistributedSampler(range(len(pool)), num_replicas=world, rank=rank, shuffle=True, seed=0)
+    if args.data_root:
+        data = SemanticKITTI.from_config(args.data_root, cfg, "train", seed=rank)
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    else:
+        pool = scan_pool(args.scans, args.points)
+        sampler = DistributedSampler(range(len(pool)), num_replicas=world, rank=rank, shuffle=True, seed=0)
     generator = torch.Generator().manual_seed(1000 * rank + start)
     order, epoch, losses = [], 0, []
     points_seen, tic = 0.0, time.perf_counter()
@@ -91,9 +102,12 @@ def train(args, rank: int, world: int, device: torch.device) -> list[float]:
             sampler.set_epoch(epoch)
             order += list(sampler)
             epoch += 1
-        scans = [pool[i] for i in order[:args.batch_size]]
-        order = order[args.batch_size:]
-        x, xyz, batch, labels = training_batch(cfg, scans, generator, device)
+        picked, order = order[:args.batch_size], order[args.batch_size:]
+        if args.data_root:
+            data.epoch = epoch
+            x, xyz, batch, labels = batch_inputs(collate_samples([data[i] for i in picked]), device, generator)
+        else:
+            x, xyz, batch, labels = training_batch(cfg, [pool[i] for i in picked], generator, device)
         with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
             logits = model(x, xyz, batch)
         valid = labels != cfg.ignore_label

@@ -18,6 +18,15 @@ def training_batch(cfg: SphereFormerUNetConfig, scans, generator: torch.Generato
     return sparse_input(feats, coords, batch, len(scans)), xyz, batch, labels
 
 
+def batch_inputs(batch: dict, device, generator: torch.Generator | None = None):
+    """``(SparseConvTensor, xyz, batch, labels)`` of a training batch from ``sptr.data.collate_samples``, the voxel
+    grid shifted by 0 or 1 per axis as in :func:`training_batch`."""
+    coords = batch["coords"] + (torch.rand(3, generator=generator) * 2).long()
+    feats, coords, xyz, ids = (t.to(device) for t in (batch["feats"], coords, batch["xyz"], batch["batch"]))
+    labels = None if batch["labels"] is None else batch["labels"].to(device)
+    return sparse_input(feats, coords, ids, len(batch["paths"])), xyz, ids, labels
+
+
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "none": None}
 
 
@@ -38,17 +47,19 @@ def mixed_precision(amp: str | None, device_type: str):
     return amp, AMP_DTYPES[amp], torch.amp.GradScaler(device_type, enabled=amp == "fp16")
 
 
-def save_training_state(path: str, model, optimizer, scaler, step: int) -> None:
-    """Weights (as ``model.state_dict()``: a DDP model's keep ``module.``), optimizer, scaler, step, config."""
+def save_training_state(path: str, model, optimizer, scaler, step: int, extra: dict | None = None) -> None:
+    """Weights (as ``model.state_dict()``: a DDP model's keep ``module.``), optimizer, scaler, step, config, and
+    ``extra`` entries (a scheduler's state, the best score)."""
     import dataclasses
 
     net = getattr(model, "module", model)
     torch.save({"state_dict": model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                "step": step, "config": dataclasses.asdict(net.cfg)}, path)
+                "step": step, "config": dataclasses.asdict(net.cfg), **(extra or {})}, path)
 
 
-def resume_training_state(path: str, model, optimizer, scaler) -> int:
-    """Load what :func:`save_training_state` wrote; returns the step to continue from."""
+def resume_training_state(path: str, model, optimizer, scaler, scheduler=None) -> int:
+    """Load what :func:`save_training_state` wrote (and the scheduler's state, if saved); returns the step to
+    continue from."""
     from .checkpoint import _numpy_scalar_globals, load_pretrained
 
     if path.endswith(".safetensors"):
@@ -63,4 +74,6 @@ def resume_training_state(path: str, model, optimizer, scaler) -> int:
     load_pretrained(model, path)
     optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
+    if scheduler is not None and "scheduler" in state:
+        scheduler.load_state_dict(state["scheduler"])
     return int(state["step"])
