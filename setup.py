@@ -59,8 +59,11 @@ setup(
     version="2.0.0",
     description="Fused-kernel layers for sparse 3D and multimodal transformers (SparseTransformer-compatible)",
     license="MIT",
-    packages=find_packages(include=["sptr", "sptr.*"]),
-    package_data={"sptr._C": ["**/*.h", "**/*.cuh", "**/*.cpp", "**/*.cu"]},
+    # configs/ is installed as sptr.configs, so that a non-editable install has the YAML files too
+    packages=find_packages(include=["sptr", "sptr.*"]) + ["sptr.configs"],
+    package_dir={"sptr.configs": "configs"},
+    package_data={"sptr._C": ["**/*.h", "**/*.cuh", "**/*.cpp", "**/*.cu"],
+                  "sptr.configs": ["*.yaml", "labels/*.yaml"]},
     python_requires=">=3.10",
     install_requires=["torch>=2.4", "numpy", "einops", "safetensors", "pyyaml", "tqdm"],
     # The SphereFormer U-Net's sparse convolutions: spconv (CPU wheel) or spconv-cu12x on CUDA machines.

@@ -2,7 +2,8 @@
 synthetic LiDAR scans.
 
 Builds the network from configs/sphereformer_semantickitti.yaml, fine-tunes a few steps under autocast (fp16
-with GradScaler on CUDA, bf16 on CPU; the attention in fp32, SphereFormer's rule) with the transformer blocks at
+with GradScaler on CUDA; on CPU bf16 where the CPU computes it natively, else fp32; the attention in fp32,
+SphereFormer's rule) with the transformer blocks at
 0.1x the learning rate, saves a DDP-style checkpoint (``module.`` keys, ``{'state_dict': ...}``), loads it back
 strictly into a fresh model, checks that the logits are identical, and labels every point of a scan.
 """
@@ -14,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from sptr.data import collate_scans, lidar_scan, voxelize_scan
-from sptr.models.sphereformer import (SphereFormerUNet, SphereFormerUNetConfig, load_pretrained, predict_scans,
-                                      sparse_input)
+from sptr.models.sphereformer import (SphereFormerUNet, SphereFormerUNetConfig, load_pretrained, mixed_precision,
+                                      predict_scans, sparse_input)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,12 +33,12 @@ def main(points=3000, steps=3):
     print(f"{xyz.shape[0]} voxels in 2 scans, {sum(p.numel() for p in model.parameters()):,} parameters, "
           f"{len(model.state_dict())} state-dict keys, {device}")
 
-    amp_dtype = torch.float16 if device == "cuda" else torch.bfloat16
-    scaler = torch.amp.GradScaler(device, enabled=device == "cuda")
+    amp, amp_dtype, scaler = mixed_precision(None, device)
+    print(f"autocast: {amp}")
     opt = torch.optim.AdamW(model.param_groups(lr=0.006, weight_decay=0.02))
     for step in range(steps):
         t0 = time.perf_counter()
-        with torch.autocast(device, dtype=amp_dtype):
+        with torch.autocast(device, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
             loss = F.cross_entropy(model(sparse_input(feats, coords, batch), xyz, batch), labels)
         opt.zero_grad()
         scaler.scale(loss).backward()

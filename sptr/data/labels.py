@@ -8,8 +8,9 @@ import numpy as np
 import torch
 import yaml
 
-LABEL_MAPS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs",
-                          "labels")
+from ..config_files import config_dir
+
+LABEL_MAPS = os.path.join(config_dir(), "labels")
 
 
 @dataclasses.dataclass(frozen=True)

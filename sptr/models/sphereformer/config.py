@@ -75,8 +75,12 @@ class SphereFormerUNetConfig(LayerConfig):
 
     @classmethod
     def from_yaml(cls, path: str, section: str | None = None):
-        """Our YAML (configs/sphereformer_*.yaml), or SphereFormer's published one (DATA / TRAIN sections),
-        converted by :func:`~sptr.models.sphereformer.published_config.from_sphereformer_yaml`."""
+        """Our YAML (a path, or a shipped config's name: ``sphereformer_semantickitti``, ``_nuscenes``,
+        ``_waymo``), or SphereFormer's published one (DATA / TRAIN sections), converted by
+        :func:`~sptr.models.sphereformer.published_config.from_sphereformer_yaml`."""
+        from ...config_files import config_path
+
+        path = config_path(path)
         if section is None:
             import yaml
 
