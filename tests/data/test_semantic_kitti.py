@@ -11,7 +11,8 @@ import torch
 from sptr.data import lidar_scan
 from sptr.data.labels import LabelMap
 from sptr.data.metrics import SegmentationMetrics, confusion_matrix
-from sptr.data.semantic_kitti import SemanticKITTI, SphereFormerAugment, collate_samples, split_sequences
+from sptr.data.lidar_segmentation import SphereFormerAugment, collate_samples
+from sptr.data.semantic_kitti import SemanticKITTI, split_sequences
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RAW = {0: 10, 8: 40, 12: 50}  # the synthetic scan's classes (car, road, building) as raw SemanticKITTI ids

@@ -71,8 +71,8 @@ def main(argv=None):
     parser.add_argument("--output-dir", default=".", help="where the .label files go")
     parser.add_argument("--overwrite", action="store_true", help="replace existing .label files")
     parser.add_argument("--label-map", default="auto",
-                        help="raw label ids to write: a map in configs/labels (semantickitti), 'classes' for the "
-                             "network's class ids; auto: semantickitti for 19-class models, else classes")
+                        help="label ids to write: a map in configs/labels (semantickitti, nuscenes), 'classes' for "
+                             "the network's class ids; auto: semantickitti for 19 classes, nuscenes for 16")
     parser.add_argument("--synthetic-points", type=int, default=30_000, help="points of the synthetic scan")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--attention-dtype", choices=["float32", "float16", "bfloat16"],
@@ -91,7 +91,7 @@ def run(args) -> None:
     model = SphereFormerUNet.from_yaml(args.config, args.checkpoint, **overrides).to(args.device).eval()
     name = args.label_map
     if name == "auto":
-        name = "semantickitti" if model.cfg.num_classes == 19 else "classes"
+        name = {19: "semantickitti", 16: "nuscenes"}.get(model.cfg.num_classes, "classes")
     label_map = None if name == "classes" else LabelMap.named(name)
     if label_map is not None and label_map.num_classes != model.cfg.num_classes:
         raise ValueError(f"label map {name!r} has {label_map.num_classes} classes, the model {model.cfg.num_classes}")

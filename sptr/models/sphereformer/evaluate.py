@@ -1,5 +1,5 @@
-"""Evaluation on SemanticKITTI: ``python -m sptr.models.sphereformer.evaluate --config C.yaml --checkpoint X
---data-root KITTI [--split val] [--output scores.json|.csv]``. Every point of every scan of the split is labelled
+"""Evaluation on SemanticKITTI or nuScenes-lidarseg: ``python -m sptr.models.sphereformer.evaluate --config C.yaml
+--checkpoint X --data-root ROOT [--dataset nuscenes] [--split val] [--output scores.json|.csv]``. Every point of every scan of the split is labelled
 as SphereFormer validates (voxel means, each voxel's argmax given to its points) and scored against its label:
 the per-class IoU table, mIoU and accuracy are printed, and written as JSON or CSV with ``--output``."""
 from __future__ import annotations
@@ -10,12 +10,14 @@ import torch
 from tqdm import tqdm
 
 from ...data.metrics import SegmentationMetrics
-from ...data.semantic_kitti import SemanticKITTI, collate_samples
+from ...data.lidar_segmentation import LidarSegmentation, collate_samples
+from ...data.nuscenes import NuScenesLidarSeg
+from ...data.semantic_kitti import SemanticKITTI
 from .unet import SphereFormerUNet, sparse_input
 
 
 @torch.no_grad()
-def evaluate(model: SphereFormerUNet, dataset: SemanticKITTI, batch_size: int = 1, workers: int = 0,
+def evaluate(model: SphereFormerUNet, dataset: LidarSegmentation, batch_size: int = 1, workers: int = 0,
              progress: bool = True) -> SegmentationMetrics:
     """Point-level scores of ``model`` on a labelled evaluation dataset (``train=False``)."""
     if dataset.train:
@@ -40,7 +42,9 @@ def main(argv=None):
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True, help="SphereFormerUNetConfig YAML")
     parser.add_argument("--checkpoint", required=True, help=".pth / .safetensors checkpoint")
-    parser.add_argument("--data-root", required=True, help="the SemanticKITTI folder holding sequences/")
+    parser.add_argument("--data-root", required=True,
+                        help="SemanticKITTI's folder holding sequences/, or nuScenes' with SphereFormer's info files")
+    parser.add_argument("--dataset", choices=["semantickitti", "nuscenes"], default="semantickitti")
     parser.add_argument("--split", default="val", choices=["train", "val", "trainval"])
     parser.add_argument("--output", help="write the scores here (.json, else CSV)")
     parser.add_argument("--batch-size", type=int, default=1)
@@ -49,7 +53,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         model = SphereFormerUNet.from_yaml(args.config, args.checkpoint).to(args.device)
-        dataset = SemanticKITTI.from_config(args.data_root, model.cfg, args.split, train=False)
+        kind = SemanticKITTI if args.dataset == "semantickitti" else NuScenesLidarSeg
+        dataset = kind.from_config(args.data_root, model.cfg, args.split, train=False)
         metrics = evaluate(model, dataset, args.batch_size, args.workers)
     except (ValueError, TypeError, FileNotFoundError, KeyError, RuntimeError) as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
