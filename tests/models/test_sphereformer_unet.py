@@ -602,3 +602,14 @@ def test_ddp_example_reads_semantickitti_in_one_process(tmp_path):
                            str(tmp_path / "ddp.pth"), "--amp", "none"])  # CPU: the small network by default
     assert len(losses) == 2 and all(np.isfinite(losses))
     assert load_pretrained(SphereFormerUNet(small_config()), str(tmp_path / "ddp.pth")) is not None
+
+
+def test_empty_scan_is_a_clear_error(tmp_path):
+    model = SphereFormerUNet(small_config()).eval()
+    with pytest.raises(ValueError, match=r"scans\[1\] holds no point"):
+        predict_scans(model, [lidar_scan(300)[0], torch.zeros(0, 4)])
+    (tmp_path / "empty.bin").write_bytes(b"")
+    run = subprocess.run([sys.executable, "-m", "sptr.models.sphereformer", "--config", CONFIGS["semantickitti"],
+                          "--points", str(tmp_path / "empty.bin"), "--output-dir", str(tmp_path), "--device", "cpu"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 2 and "holds no point" in run.stderr and "Traceback" not in run.stderr

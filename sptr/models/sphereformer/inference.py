@@ -17,6 +17,8 @@ def predict_scans(model: SphereFormerUNet, scans: list[torch.Tensor]) -> list[to
     for i, points in enumerate(scans):
         if points.dim() != 2 or points.shape[1] != cfg.in_channels:
             raise ValueError(f"scans[{i}] must be (N, in_channels={cfg.in_channels}), got {tuple(points.shape)}")
+        if points.shape[0] == 0:  # spconv fails on an empty tensor with an internal assertion
+            raise ValueError(f"scans[{i}] holds no point")
     voxels = [voxelize_scan(p.to(device), cfg.voxel_size, cfg.pc_range, mode="mean") for p in scans]
     feats, coords, xyz, batch, _ = collate_scans(voxels)
     logits = model(sparse_input(feats, coords, batch, len(scans)), xyz, batch)
