@@ -5,4 +5,5 @@ from .var_length_attention import VarLengthMultiheadSA, VarLengthMultiheadSAConf
 from .multimodal_rope import MultimodalRotaryEmbedding, MultimodalRotaryEmbeddingConfig  # noqa: F401
 from .sphereformer import SphereFormer, SphereFormerConfig  # noqa: F401
 from .vision_indices import VisionIndexBatch, VisionIndices, VisionIndicesConfig  # noqa: F401
-from .moe import DualExpertFFN, DualExpertFFNConfig, RoutedExpertFFN, RoutedExpertFFNConfig, RoutedOutput  # noqa: F401
+from .moe import (DualExpertFFN, DualExpertFFNConfig, RoutedExpertFFN, RoutedExpertFFNConfig, RoutedOutput,  # noqa: F401
+                  vlm_mlp_to_expert0)

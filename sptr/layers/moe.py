@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import NamedTuple
 
 import torch
@@ -47,6 +48,37 @@ class DualExpertFFNConfig(LayerConfig):
     activation: str = "silu"
     bias: bool = False
     gemm: str = "auto"
+
+    # Wall-X's names of the fields (its SparseMoeBlock arguments and config.json), accepted by from_dict
+    WALLX_NAMES = {"hidden_size": "hidden", "intermediate_sizes": "intermediate", "hidden_act": "activation"}
+
+    @classmethod
+    def from_dict(cls, values):
+        values = dict(values)
+        for wallx, ours in cls.WALLX_NAMES.items():
+            if wallx in values:
+                if ours in values:
+                    raise ValueError(f"{cls.__name__}: both {wallx!r} and its name here {ours!r} are given")
+                values[ours] = values.pop(wallx)
+        return super().from_dict(values)
+
+    @classmethod
+    def from_wallx_config(cls, config, **overrides) -> "DualExpertFFNConfig":
+        """From a Wall-X model config (its ``config.json`` as a dict, or the config object): ``experts[e] =
+        {hidden_size, intermediate_size, hidden_act}`` for experts 0 (the VLM MLP) and 1 (the action expert);
+        Wall-X's ``num_experts`` may be larger (4 by default), but only ids 0 and 1 are routed."""
+        experts = config.get("experts") if isinstance(config, dict) else getattr(config, "experts", None)
+        if not isinstance(experts, (list, tuple)) or len(experts) < 2:
+            raise ValueError(f"the Wall-X config must hold experts[0] and experts[1], got {experts!r}")
+        read = lambda e, k: e.get(k) if isinstance(e, dict) else getattr(e, k, None)  # noqa: E731
+        hidden = {read(e, "hidden_size") for e in experts[:2]}
+        if len(hidden) != 1 or None in hidden:
+            raise ValueError(f"experts[0] and experts[1] must share one hidden_size, got {sorted(map(str, hidden))}")
+        acts = {read(e, "hidden_act") or "silu" for e in experts[:2]}
+        if len(acts) != 1:
+            raise ValueError(f"experts[0] and experts[1] must share one hidden_act, got {sorted(acts)}")
+        return cls(hidden=hidden.pop(), intermediate=tuple(read(e, "intermediate_size") for e in experts[:2]),
+                   activation=acts.pop(), **overrides)
 
     def __post_init__(self):
         super().__post_init__()
@@ -129,6 +161,10 @@ class DualExpertFFN(nn.Module):
         layer.load_state_dict(module.state_dict())
         return layer
 
+    @classmethod
+    def from_wallx_config(cls, config, **overrides) -> "DualExpertFFN":
+        return cls(DualExpertFFNConfig.from_wallx_config(config, **overrides))
+
     def forward(self, x: Tensor, expert_index: Tensor, start_indices=None, end_indices=None, *,
                 validate: bool = False) -> Tensor:
         # start/end_indices: accepted for Wall-X call compatibility, unused (as there). Ids outside {0, 1}
@@ -144,6 +180,23 @@ class DualExpertFFN(nn.Module):
         perm = permute(flat, expert_index.reshape(-1), 2, align=ROW_ALIGN, validate=validate)
         y = swiglu_ffn(self.experts, perm.x_perm, perm.expert_offsets, self.cfg.gemm)
         return unpermute(y, perm.row_id_map, None, flat.shape[0]).reshape(*x.shape[:-1], H)
+
+
+_VLM_MLP_KEY = re.compile(r"^(?P<layer>(?:.*\.)?layers\.\d+\.)mlp\.(?P<rest>(?:gate|up|down)_proj\..+)$")
+
+
+def vlm_mlp_to_expert0(state_dict: dict) -> dict:
+    """A Qwen2.5-VL state dict with each decoder layer's MLP renamed to the dual-expert block's expert 0
+    (``...layers.N.mlp.{gate,up,down}_proj.*`` -> ``...layers.N.moe.experts.0.*``), as Wall-X initialises it
+    from a plain Qwen2.5-VL; the tensors are the same objects, every other key is kept."""
+    out = {}
+    for key, value in state_dict.items():
+        m = _VLM_MLP_KEY.match(key)
+        new = f"{m['layer']}moe.experts.0.{m['rest']}" if m else key
+        if new in out:
+            raise ValueError(f"{key!r} renames to {new!r}, which the state dict holds already")
+        out[new] = value
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +232,7 @@ class RoutedExpertFFNConfig(LayerConfig):
 class RoutedOutput(NamedTuple):
     hidden_states: Tensor   # [..., H]
     aux_loss: Tensor        # scalar load-balancing loss (fp32)
-    router_logits: Tensor   # [T, E] (fp32)
+    router_logits: Tensor   # [T, E], the gate's output (the autocast dtype under autocast, as transformers')
 
 
 def route(logits: Tensor, cfg: RoutedExpertFFNConfig):
@@ -191,13 +244,25 @@ def route(logits: Tensor, cfg: RoutedExpertFFNConfig):
     return probs, index, weight
 
 
-def load_balancing_loss(probs: Tensor, topk_index: Tensor, num_experts: int) -> Tensor:
-    """The Switch / Mixtral auxiliary loss as transformers computes it: ``E · Σ_k Σ_e f_{k,e} · P_e`` with
-    ``f_{k,e}`` the share of tokens whose k-th choice is e and ``P_e`` the mean router probability of e."""
+def load_balancing_loss(probs: Tensor, topk_index: Tensor, num_experts: int,
+                        attention_mask: Tensor | None = None) -> Tensor:
+    """The Switch / Mixtral auxiliary loss as transformers' ``load_balancing_loss_func`` computes it:
+    ``E · Σ_k Σ_e f_{k,e} · P_e`` with ``f_{k,e}`` the share of tokens whose k-th choice is e and ``P_e`` the
+    mean router probability of e, both over the tokens where ``attention_mask`` ([B, S] or [T], 1 = kept) is
+    1 (all tokens without it)."""
     if probs.shape[0] == 0:
         return probs.new_zeros(())
-    f = F.one_hot(topk_index, num_experts).float().mean(0)  # [K, E]
-    return (f * probs.mean(0)[None]).sum() * num_experts
+    chosen = F.one_hot(topk_index, num_experts).float()  # [T, K, E]
+    if attention_mask is None:
+        return (chosen.mean(0) * probs.mean(0)[None]).sum() * num_experts
+    mask = attention_mask.reshape(-1).to(probs.dtype)
+    if mask.shape[0] != probs.shape[0]:
+        raise ValueError(f"attention_mask must hold one entry per token ({probs.shape[0]}), got "
+                         f"{tuple(attention_mask.shape)}")
+    kept = mask.sum()
+    f = (chosen * mask[:, None, None]).sum(0) / kept
+    p = (probs * mask[:, None]).sum(0) / kept
+    return (f * p[None]).sum() * num_experts
 
 
 class RoutedExpertFFN(nn.Module):
@@ -219,10 +284,22 @@ class RoutedExpertFFN(nn.Module):
         """The layer with the weights of a plain module holding ``gate`` and ``experts.{e}.*_proj``;
         ``routing`` sets the config's routing fields (top_k, gating, ...)."""
         e0 = module.experts[0]
-        cfg = RoutedExpertFFNConfig(hidden=e0.gate_proj.in_features, intermediate=e0.gate_proj.out_features,
-                                    num_experts=len(module.experts), bias=e0.gate_proj.bias is not None, **routing)
-        layer = cls(cfg).to(device=e0.gate_proj.weight.device, dtype=e0.gate_proj.weight.dtype)
-        layer.load_state_dict(module.state_dict())
+        state = module.state_dict()
+        if not hasattr(e0, "gate_proj") and hasattr(e0, "w1"):  # Mixtral's experts: w1 gate, w3 up, w2 down
+            names = {".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
+            renamed = {}
+            for key, value in state.items():
+                for old, new in names.items():
+                    if key.startswith("experts.") and old in key:
+                        key = key.replace(old, new)
+                renamed[key] = value
+            state, gate = renamed, e0.w1
+        else:
+            gate = e0.gate_proj
+        cfg = RoutedExpertFFNConfig(hidden=gate.in_features, intermediate=gate.out_features,
+                                    num_experts=len(module.experts), bias=gate.bias is not None, **routing)
+        layer = cls(cfg).to(device=gate.weight.device, dtype=gate.weight.dtype)
+        layer.load_state_dict(state)
         return layer
 
     def capacity(self, num_tokens: int) -> int | None:
@@ -247,13 +324,20 @@ class RoutedExpertFFN(nn.Module):
         y = swiglu_ffn(self.experts, perm.x_perm, perm.expert_offsets, self.cfg.gemm)
         return unpermute(y, perm.row_id_map, topk_weight, x.shape[0])
 
-    def forward(self, x: Tensor) -> RoutedOutput:
+    def forward(self, x: Tensor, attention_mask: Tensor | None = None) -> RoutedOutput:
+        """``attention_mask`` ([B, S], 1 = kept) leaves padding out of the load-balancing loss, as transformers'
+        ``load_balancing_loss_func``. As transformers' MoE blocks, the output has x's dtype (also under
+        autocast, where the experts compute in the autocast dtype) and the router logits the gate's."""
         H = self.cfg.hidden
         if not isinstance(x, Tensor) or x.shape[-1] != H:
             raise ValueError(f"x must be [..., {H}], got {tuple(x.shape) if isinstance(x, Tensor) else type(x)}")
+        if attention_mask is not None and (not isinstance(attention_mask, Tensor)
+                                           or attention_mask.numel() != x.numel() // H):
+            raise ValueError(f"attention_mask must have x's leading shape {tuple(x.shape[:-1])}, got "
+                             f"{getattr(attention_mask, 'shape', type(attention_mask))}")
         flat = x.reshape(-1, H)
-        logits = self.gate(flat).float()
+        logits = self.gate(flat)
         probs, index, weight = route(logits, self.cfg)
         y = self.forward_routed(flat, index, weight)
-        aux = load_balancing_loss(probs, index, self.cfg.num_experts)
-        return RoutedOutput(y.reshape(*x.shape[:-1], H), aux, logits)
+        aux = load_balancing_loss(probs, index, self.cfg.num_experts, attention_mask)
+        return RoutedOutput(y.reshape(*x.shape[:-1], H).to(x.dtype), aux, logits)

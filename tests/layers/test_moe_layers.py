@@ -263,3 +263,57 @@ def test_configs_from_yaml():
     routed = RoutedExpertFFNConfig.from_yaml(path, "routed")
     assert dual == DualExpertFFNConfig() and dual.intermediate == (11008, 2048)
     assert routed.num_experts == 8 and routed.top_k == 2 and routed == RoutedExpertFFNConfig.from_dict(routed.to_dict())
+
+
+def test_wallx_config_names_and_key_renaming():
+    from types import SimpleNamespace
+
+    from sptr.layers import vlm_mlp_to_expert0
+
+    cfg = DualExpertFFNConfig.from_dict({"hidden_size": 32, "intermediate_sizes": [64, 16], "hidden_act": "silu"})
+    assert (cfg.hidden, cfg.intermediate, cfg.activation) == (32, (64, 16), "silu")
+    with pytest.raises(ValueError, match="both 'hidden_size' and"):
+        DualExpertFFNConfig.from_dict({"hidden_size": 32, "hidden": 32})
+    wallx = {"num_experts": 4, "mlp_moe": True, "experts": [
+        {"hidden_size": 32, "intermediate_size": 64, "hidden_act": "silu"},
+        {"hidden_size": 32, "intermediate_size": 16, "hidden_act": "silu"}]}
+    assert DualExpertFFNConfig.from_wallx_config(wallx) == DualExpertFFNConfig(hidden=32, intermediate=(64, 16))
+    obj = SimpleNamespace(experts=[SimpleNamespace(**e) for e in wallx["experts"]])
+    assert DualExpertFFN.from_wallx_config(obj).cfg.intermediate == (64, 16)
+    with pytest.raises(ValueError, match="one hidden_size"):
+        DualExpertFFNConfig.from_wallx_config({"experts": [{"hidden_size": 32, "intermediate_size": 8},
+                                                           {"hidden_size": 16, "intermediate_size": 8}]})
+    w = torch.randn(4, 2)
+    state = {"model.layers.0.mlp.gate_proj.weight": w, "model.layers.11.mlp.down_proj.weight": w,
+             "model.layers.0.self_attn.q_proj.weight": w, "visual.blocks.0.mlp.fc1.weight": w}
+    renamed = vlm_mlp_to_expert0(state)
+    assert sorted(renamed) == ["model.layers.0.moe.experts.0.gate_proj.weight",
+                               "model.layers.0.self_attn.q_proj.weight",
+                               "model.layers.11.moe.experts.0.down_proj.weight", "visual.blocks.0.mlp.fc1.weight"]
+    assert renamed["model.layers.0.moe.experts.0.gate_proj.weight"] is w
+
+
+def test_routed_layer_as_transformers_mixtral_block():
+    """from_plain takes Mixtral's w1/w2/w3 experts; outputs, dtypes under autocast and the masked
+    load-balancing loss are transformers'."""
+    mixtral = pytest.importorskip("transformers.models.mixtral.modeling_mixtral")
+    from transformers import MixtralConfig
+
+    torch.manual_seed(0)
+    config = MixtralConfig(hidden_size=32, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2)
+    block = mixtral.MixtralSparseMoeBlock(config).eval()
+    layer = RoutedExpertFFN.from_plain(block, top_k=2)
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        want, want_logits = block(x)
+        got = layer(x)
+    assert torch.allclose(got.hidden_states, want, atol=1e-6, rtol=1e-5)
+    assert torch.allclose(got.router_logits, want_logits, atol=1e-6)
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    want_aux = mixtral.load_balancing_loss_func((want_logits,), 4, 2, mask)
+    assert torch.allclose(layer(x, attention_mask=mask).aux_loss, want_aux, atol=1e-6)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want, want_logits = block(x)
+        got = layer(x)
+    assert got.hidden_states.dtype == want.dtype == torch.float32
+    assert got.router_logits.dtype == want_logits.dtype
