@@ -1,0 +1,212 @@
+"""A Wall-X-style dual-expert Qwen2.5-VL (transformers 4.49): each decoder layer's MLP becomes a DualExpertFFN,
+expert 0 the VLM MLP's width, expert 1 the narrower action expert, routed by ``moe_token_types [B, S]`` (1 for
+the ``<|action|>`` tokens). The checkpoint keys are Wall-X's (``model.layers.N.moe.experts.{0,1}.*``); sptr's
+mRoPE and Qwen2.5-VL index ops are swapped in (``sptr.integrations.qwen2_5_vl.apply_to``).
+
+``from_qwen2_5_vl(model)`` makes one from a plain Qwen2.5-VL (its MLPs become expert 0 bit for bit, expert 1
+is initialised as transformers initialises a fresh MLP); ``load_wallx(model, directory)`` reads a Wall-X-format
+safetensors directory strictly and returns the keys the backbone does not own (``action_preprocessor.*``,
+LoRA, ...); ``save_pretrained`` writes the same format. With every token routed to expert 0 the model's
+logits, loss and gradients equal the plain model's bit for bit (``gemm="cublas"``, the default here: the same
+matrix products on the same rows).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import torch
+
+from ..integrations import qwen2_5_vl
+from ..layers.config import LayerConfig, check_positive
+from ..layers.moe import DualExpertFFN, DualExpertFFNConfig, vlm_mlp_to_expert0
+
+
+@dataclasses.dataclass(frozen=True)
+class DualExpertQwenConfig(LayerConfig):
+    """The dual-expert part of the model. ``action_intermediate``: expert 1's width; ``action_token_id``: where
+    ``moe_token_types`` is not given, tokens equal to it go to expert 1 (None: all tokens to expert 0);
+    ``gemm``: DualExpertFFN's GEMM path ("cublas": the same products as the plain MLP; "grouped": sync-free)."""
+    action_intermediate: int = 2048
+    action_token_id: int | None = None
+    gemm: str = "cublas"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive(type(self).__name__, action_intermediate=self.action_intermediate)
+        DualExpertFFNConfig(hidden=8, intermediate=(8, 8), gemm=self.gemm)  # the gemm check
+
+    @classmethod
+    def from_wallx_config(cls, config, **overrides) -> "DualExpertQwenConfig":
+        """From a Wall-X ``config.json`` (dict or object): ``experts[1].intermediate_size``; ``mlp_moe`` must be
+        on."""
+        get = (lambda k: config.get(k)) if isinstance(config, dict) else (lambda k: getattr(config, k, None))
+        if get("mlp_moe") is False:
+            raise ValueError("the Wall-X config has mlp_moe = false: its decoder MLPs are not dual-expert")
+        expert = DualExpertFFNConfig.from_wallx_config(config)
+        return cls(action_intermediate=expert.intermediate[1], **overrides)
+
+
+class _TokenTypes:
+    """The routing of the current forward, read by every layer's MLP (and again by gradient checkpointing's
+    recomputation, so it is kept until the next forward)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self):
+        self.value = None
+
+
+class RoutedMLP:
+    """What a decoder layer calls as its ``mlp``: its ``moe`` block on the current token types. Not a module, so
+    the weights stay under ``moe`` (Wall-X's keys); pickles with the model."""
+
+    __slots__ = ("moe", "types")
+
+    def __init__(self, moe: DualExpertFFN, types: _TokenTypes):
+        self.moe, self.types = moe, types
+
+    def __call__(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        types = self.types.value
+        if types is None:  # no routing given: every token on expert 0 (text / vision)
+            types = torch.zeros(hidden_states.shape[:-1], dtype=torch.long, device=hidden_states.device)
+        elif types.shape != hidden_states.shape[:-1]:
+            raise ValueError(f"moe_token_types must be [B, S] = {tuple(hidden_states.shape[:-1])} (the tokens of this "
+                             f"forward), got {tuple(types.shape)}; in generation set action_token_id instead")
+        return self.moe(hidden_states, types).to(hidden_states.dtype)
+
+
+_CLASS_NAME = "Qwen2_5_VLDualExpertForConditionalGeneration"
+
+
+def _model_class():
+    """transformers' Qwen2.5-VL with dual-expert decoder MLPs, defined at first use (transformers is imported
+    then) and kept as this module's attribute, so that pickle finds it."""
+    cls = globals().get(_CLASS_NAME)
+    if cls is not None:
+        return cls
+    hf = qwen2_5_vl._modeling()
+
+    class Qwen2_5_VLDualExpertForConditionalGeneration(hf.Qwen2_5_VLForConditionalGeneration):
+        """transformers' Qwen2.5-VL with dual-expert decoder MLPs; ``forward(..., moe_token_types=[B, S])``."""
+
+        def __init__(self, config, moe_config: DualExpertQwenConfig):
+            super().__init__(config)
+            self.moe_config = moe_config
+            self._token_types = _TokenTypes()
+            ffn = DualExpertFFNConfig(hidden=config.hidden_size,
+                                      intermediate=(config.intermediate_size, moe_config.action_intermediate),
+                                      activation=config.hidden_act, gemm=moe_config.gemm)
+            for layer in self.model.layers:
+                del layer.mlp
+                layer.moe = DualExpertFFN(ffn)
+                layer.moe.apply(self._init_weights)
+                layer.mlp = RoutedMLP(layer.moe, self._token_types)
+            qwen2_5_vl.apply_to(self)
+
+        def forward(self, input_ids=None, *args, moe_token_types=None, **kwargs):
+            if moe_token_types is None and input_ids is not None and self.moe_config.action_token_id is not None:
+                moe_token_types = (input_ids == self.moe_config.action_token_id).long()
+            self._token_types.value = moe_token_types
+            return super().forward(input_ids, *args, **kwargs)
+
+    Qwen2_5_VLDualExpertForConditionalGeneration.__module__ = __name__
+    Qwen2_5_VLDualExpertForConditionalGeneration.__qualname__ = _CLASS_NAME
+    globals()[_CLASS_NAME] = Qwen2_5_VLDualExpertForConditionalGeneration
+    return Qwen2_5_VLDualExpertForConditionalGeneration
+
+
+def __getattr__(name):  # the model class, on first access (also when pickle looks it up)
+    if name == _CLASS_NAME:
+        return _model_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def dual_expert_qwen2_5_vl(config, moe: DualExpertQwenConfig):
+    """A new dual-expert Qwen2.5-VL of a ``Qwen2_5_VLConfig`` (random weights, transformers' initialisation)."""
+    return _model_class()(config, moe)
+
+
+def from_qwen2_5_vl(model_or_path, moe: DualExpertQwenConfig):
+    """The dual-expert model of a plain Qwen2.5-VL (a model or a ``from_pretrained`` directory): its MLPs become
+    expert 0 (the same tensors' values), expert 1 is new."""
+    hf = qwen2_5_vl._modeling()
+    plain = (hf.Qwen2_5_VLForConditionalGeneration.from_pretrained(model_or_path)
+             if isinstance(model_or_path, (str, os.PathLike)) else model_or_path)
+    model = dual_expert_qwen2_5_vl(plain.config, moe)
+    param = next(plain.parameters())
+    model.to(device=param.device, dtype=param.dtype)
+    missing, unexpected = model.load_state_dict(vlm_mlp_to_expert0(plain.state_dict()), strict=False)
+    new = [k for k in missing if ".moe.experts.1." not in k]
+    if new or unexpected:
+        raise ValueError(f"the plain model's keys do not match: missing {new[:5]}, unexpected {unexpected[:5]}")
+    model.train(plain.training)
+    return model
+
+
+def _read_safetensors_dir(directory: str) -> dict:
+    from safetensors.torch import load_file
+
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{directory!r} holds no .safetensors file")
+    state = {}
+    for name in files:
+        part = load_file(os.path.join(directory, name))
+        twice = sorted(set(part) & set(state))
+        if twice:
+            raise ValueError(f"{name} repeats keys of another shard: {twice[:5]}")
+        state.update(part)
+    return state
+
+
+def load_wallx(model, directory: str, strict: bool = True) -> dict:
+    """Load a Wall-X-format safetensors directory (``model.safetensors`` or shards with their index) into the
+    dual-expert model. Keys the backbone does not own (``action_preprocessor.*``, LoRA adapters, ...) are
+    returned, never dropped; with ``strict`` every missing or mis-shaped backbone key raises, named (Wall-X
+    loads with ``strict=False`` and hides them)."""
+    state = _read_safetensors_dir(directory)
+    own = model.state_dict()
+    theirs = {k: v for k, v in state.items() if k in own}
+    others = {k: v for k, v in state.items() if k not in own}
+    shapes = [f"{k}: file {tuple(v.shape)}, model {tuple(own[k].shape)}" for k, v in theirs.items()
+              if v.shape != own[k].shape]
+    if shapes:
+        raise ValueError("checkpoint shapes do not match the model:\n  " + "\n  ".join(shapes))
+    missing = sorted(set(own) - set(theirs))
+    if strict and missing:
+        raise ValueError(f"{directory!r} lacks {len(missing)} keys of the model: {missing[:10]}"
+                         f"{' ...' if len(missing) > 10 else ''}")
+    model.load_state_dict(theirs, strict=False)
+    return others
+
+
+def save_pretrained(model, directory: str, extra: dict | None = None) -> str:
+    """Write ``model.safetensors`` (Wall-X's keys; ``extra`` tensors such as an action preprocessor's beside
+    them) and ``config.json`` (transformers' config plus Wall-X's ``mlp_moe`` / ``experts``)."""
+    from safetensors.torch import save_file
+
+    os.makedirs(directory, exist_ok=True)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    tied = [k for k in state if k == "lm_head.weight" and model.config.tie_word_embeddings]
+    for k in tied:  # stored once, as transformers does
+        del state[k]
+    clash = sorted(set(state) & set(extra or {}))
+    if clash:
+        raise ValueError(f"extra repeats model keys: {clash[:5]}")
+    path = os.path.join(directory, "model.safetensors")
+    save_file({**state, **(extra or {})}, path)
+    config = model.config.to_dict()
+    ffn = model.model.layers[0].moe.cfg
+    config.update(mlp_moe=True, num_experts=2, experts=[
+        {"hidden_size": ffn.hidden, "intermediate_size": w, "hidden_act": ffn.activation} for w in ffn.intermediate],
+        sptr_moe=dataclasses.asdict(model.moe_config))
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f, indent=1, default=str)
+    return path
