@@ -123,3 +123,39 @@ def test_pickles_and_config_errors(tmp_path):
     with pytest.raises(ValueError, match="gemm"):
         moe.DualExpertQwenConfig(gemm="fast")
     assert os.path.basename(moe.__file__) == "qwen2_5_vl_moe.py"
+
+
+def test_finetune_example_trains_freezes_and_resumes(tmp_path):
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    example = [sys.executable, os.path.join(root, "examples", "finetune_qwen_dual_expert.py"), "--device", "cpu"]
+    run = subprocess.run(example + ["--steps", "6", "--output", str(tmp_path / "all")], capture_output=True,
+                         text=True, cwd=root, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    first, last = (float(x) for x in run.stdout.split("loss ")[1].split(" over")[0].split(" -> "))
+    assert last < first
+    again = subprocess.run(example + ["--steps", "1", "--output", str(tmp_path / "all")], capture_output=True,
+                           text=True, cwd=root, timeout=600)
+    assert again.returncode != 0 and "previous run" in again.stderr
+    resumed = subprocess.run(example + ["--steps", "1", "--resume", "--output", str(tmp_path / "all")],
+                             capture_output=True, text=True, cwd=root, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert torch.load(tmp_path / "all" / "trainer_state.pt", weights_only=True)["step"] == 7
+    frozen = subprocess.run(example + ["--steps", "2", "--freeze-vlm", "--output", str(tmp_path / "frozen")],
+                            capture_output=True, text=True, cwd=root, timeout=600)
+    assert frozen.returncode == 0, frozen.stderr[-2000:]
+    sys.path.insert(0, os.path.join(root, "examples"))
+    try:
+        import finetune_qwen_dual_expert as ex
+    finally:
+        sys.path.pop(0)
+    torch.manual_seed(0)
+    start = ex.tiny_qwen().state_dict()
+    saved = load_file(str(tmp_path / "frozen" / "model.safetensors"))
+    assert torch.equal(saved["model.layers.0.moe.experts.0.gate_proj.weight"],
+                       start["model.layers.0.mlp.gate_proj.weight"])  # the VLM is frozen
+    assert torch.equal(saved["model.embed_tokens.weight"], start["model.embed_tokens.weight"])

@@ -6,6 +6,7 @@ import torch
 from ...data import collate_scans, voxelize_scan
 from .config import SphereFormerUNetConfig
 from .unet import sparse_input
+from ...amp import AMP_DTYPES, cpu_has_native_bf16, mixed_precision  # noqa: F401  (their home before sptr.amp)
 
 
 def training_batch(cfg: SphereFormerUNetConfig, scans, generator: torch.Generator, device):
@@ -25,26 +26,6 @@ def batch_inputs(batch: dict, device, generator: torch.Generator | None = None):
     feats, coords, xyz, ids = (t.to(device) for t in (batch["feats"], coords, batch["xyz"], batch["batch"]))
     labels = None if batch["labels"] is None else batch["labels"].to(device)
     return sparse_input(feats, coords, ids, len(batch["paths"])), xyz, ids, labels
-
-
-AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "none": None}
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX tiles, as torch's CPU kernels detect them).
-    Elsewhere (AVX2 machines) bf16 autocast converts every operand and was measured 8x slower than fp32."""
-    cpu = torch.cpu
-    return any(getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-
-
-def mixed_precision(amp: str | None, device_type: str):
-    """``(amp, autocast dtype or None, GradScaler)`` for ``amp`` in fp16 / bf16 / none; None picks fp16 (with
-    the scaler) on CUDA, bf16 on a CPU with native bf16 (:func:`cpu_has_native_bf16`) and none (fp32) on
-    other CPUs."""
-    amp = amp or ("fp16" if device_type == "cuda" else "bf16" if cpu_has_native_bf16() else "none")
-    if amp not in AMP_DTYPES:
-        raise ValueError(f"amp must be one of {sorted(AMP_DTYPES)}, got {amp!r}")
-    return amp, AMP_DTYPES[amp], torch.amp.GradScaler(device_type, enabled=amp == "fp16")
 
 
 def save_training_state(path: str, model, optimizer, scaler, step: int, extra: dict | None = None) -> None:
