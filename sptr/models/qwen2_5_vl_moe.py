@@ -27,10 +27,14 @@ from ..layers.moe import DualExpertFFN, DualExpertFFNConfig, vlm_mlp_to_expert0
 class DualExpertQwenConfig(LayerConfig):
     """The dual-expert part of the model. ``action_intermediate``: expert 1's width; ``action_token_id``: where
     ``moe_token_types`` is not given, tokens equal to it go to expert 1 (None: all tokens to expert 0);
-    ``gemm``: DualExpertFFN's GEMM path ("cublas": the same products as the plain MLP; "grouped": sync-free)."""
+    ``gemm``: DualExpertFFN's GEMM path ("cublas": the same products as the plain MLP; "grouped": sync-free);
+    ``bidirectional_actions``: the action tokens (``moe_token_types == 1``) attend to each other in both directions
+    (Wall-X's attention for its flow-matching action chunk), everything else stays causal (eager and sdpa
+    attention, without a KV cache)."""
     action_intermediate: int = 2048
     action_token_id: int | None = None
     gemm: str = "cublas"
+    bidirectional_actions: bool = False  # Wall-X's sdpa path: action tokens see every action token of their row
 
     def __post_init__(self):
         super().__post_init__()
@@ -80,6 +84,41 @@ class RoutedMLP:
 _CLASS_NAME = "Qwen2_5_VLDualExpertForConditionalGeneration"
 
 
+class BidirectionalActionMask:
+    """The decoder's ``_update_causal_mask`` with the action tokens unmasked among themselves: the causal 4-D mask
+    (built here when transformers would pass none to sdpa), then ``0`` wherever both the query and the key are
+    action tokens of one row that the padding mask keeps. Without action tokens, or with a KV cache (decoding),
+    transformers' own mask is used."""
+
+    __slots__ = ("decoder", "types")
+
+    def __init__(self, decoder, types: _TokenTypes):
+        self.decoder, self.types = decoder, types
+
+    def __call__(self, attention_mask, input_tensor, cache_position, past_key_values, output_attentions):
+        own = type(self.decoder)._update_causal_mask(self.decoder, attention_mask, input_tensor, cache_position,
+                                                      past_key_values, output_attentions)
+        types = self.types.value
+        cached = past_key_values is not None and past_key_values.get_seq_length() > 0
+        if types is None or cached or not bool((types == 1).any()):
+            return own
+        if self.decoder.config._attn_implementation == "flash_attention_2":
+            raise ValueError("bidirectional_actions needs eager or sdpa attention (flash-attention masks are causal)")
+        B, S = types.shape
+        dtype, device = input_tensor.dtype, input_tensor.device
+        min_value = torch.finfo(dtype).min
+        if own is None:  # sdpa's is_causal shortcut: the same causal mask, explicitly
+            keep = torch.ones(S, S, dtype=torch.bool, device=device).tril()
+            if attention_mask is not None:
+                keep = keep[None] & attention_mask[:, None, :].bool()
+            own = torch.zeros(B, 1, S, S, dtype=dtype, device=device).masked_fill(~keep.reshape(-1, 1, S, S), min_value)
+        action = types == 1
+        if attention_mask is not None:
+            action = action & attention_mask.bool()
+        both = action[:, None, :, None] & action[:, None, None, :]
+        return own.masked_fill(both, 0.0)
+
+
 def _model_class():
     """transformers' Qwen2.5-VL with dual-expert decoder MLPs, defined at first use (transformers is imported
     then) and kept as this module's attribute, so that pickle finds it."""
@@ -103,6 +142,8 @@ def _model_class():
                 layer.moe = DualExpertFFN(ffn)
                 layer.moe.apply(self._init_weights)
                 layer.mlp = RoutedMLP(layer.moe, self._token_types)
+            if moe_config.bidirectional_actions:
+                self.model._update_causal_mask = BidirectionalActionMask(self.model, self._token_types)
             qwen2_5_vl.apply_to(self)
 
         def forward(self, input_ids=None, *args, moe_token_types=None, **kwargs):

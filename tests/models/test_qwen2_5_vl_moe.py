@@ -159,3 +159,27 @@ def test_finetune_example_trains_freezes_and_resumes(tmp_path):
     assert torch.equal(saved["model.layers.0.moe.experts.0.gate_proj.weight"],
                        start["model.layers.0.mlp.gate_proj.weight"])  # the VLM is frozen
     assert torch.equal(saved["model.embed_tokens.weight"], start["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_bidirectional_attention_among_action_tokens(attn):
+    plain = tiny_model()
+    plain.config._attn_implementation = attn
+    causal = dual(plain).eval()
+    both = dual(plain, bidirectional_actions=True).eval()
+    both.load_state_dict(causal.state_dict())
+    batch = inputs()
+    types = torch.zeros_like(batch["input_ids"])
+    types[0, -3:] = 1  # the last three tokens form the action chunk
+    changed = dict(batch, input_ids=batch["input_ids"].clone())
+    changed["input_ids"][0, -1] = 77
+    with torch.no_grad():
+        a, b = (both(**x, moe_token_types=types).logits for x in (batch, changed))
+        c, d = (causal(**x, moe_token_types=types).logits for x in (batch, changed))
+    # tokens before the chunk: causal as before (the two left-padding rows attend to everything, action tokens
+    # included, as transformers' fully masked rows do, so they are left out)
+    assert torch.equal(a[0, 2:-3], c[0, 2:-3])
+    assert not torch.allclose(a[0, -3], b[0, -3])   # the chunk's first token sees its last
+    assert torch.equal(c[0, -3], d[0, -3])          # causally it does not
+    with torch.no_grad():  # no action token: the plain causal model
+        assert torch.equal(both(**batch).logits, causal(**batch).logits)
