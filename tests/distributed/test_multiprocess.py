@@ -121,3 +121,19 @@ def test_fsdp2_qwen_patch_matches_transformers(tmp_path):
     assert torch.equal(got["loss"], want["loss"])
     assert got["grads"].keys() == want["grads"].keys()
     assert [n for n in want["grads"] if not torch.equal(got["grads"][n], want["grads"][n])] == []
+
+
+def test_fsdp2_shards_the_dual_expert_qwen_per_decoder_layer(tmp_path):
+    """FSDP2 units as Wall-X's (each decoder layer, then the root), every rank on the same batch with action
+    tokens: the loss and the gradients of both experts equal one unsharded process (the all-reduce averages
+    identical gradients)."""
+    pytest.importorskip("tests.ops.hf_oracle", exc_type=ImportError)  # transformers 4.49, skips with the version
+    result = spawn(workers.fsdp2_dual_expert_qwen_step, tmp_path)
+    torch.set_num_threads(1)
+    model = workers.dual_expert_model()
+    loss = workers.dual_expert_loss(model)
+    loss.backward()
+    assert torch.allclose(result["loss"], loss.detach(), rtol=1e-6)
+    want = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert result["grads"].keys() == want.keys() and any(".moe.experts.1." in n for n in want)
+    assert_grads_close(result["grads"], want, rtol=1e-5)

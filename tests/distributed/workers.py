@@ -163,3 +163,32 @@ def fsdp2_qwen_step(rank: int) -> dict:
         results[name] = {"loss": loss.detach(), "grads": {n: p.grad.full_tensor() for n, p in model.named_parameters()
                                                          if p.grad is not None}}
     return results
+
+
+def fsdp2_dual_expert_qwen_step(rank: int) -> dict:
+    """The dual-expert Qwen2.5-VL sharded with FSDP2 as Wall-X shards it (each decoder layer, then the root), every
+    rank on the same batch with action tokens: rank 0 returns the loss and the unsharded gradients."""
+    model = dual_expert_model()  # seeded: the same weights on every rank and in the test's single process
+    for layer in model.model.layers:
+        shard(layer)
+    shard(model)
+    loss = dual_expert_loss(model)
+    loss.backward()
+    return {"loss": loss.detach(), "grads": {n: p.grad.full_tensor() for n, p in model.named_parameters()
+                                             if p.grad is not None}}
+
+
+def dual_expert_model():
+    from sptr.models import qwen2_5_vl_moe as wx
+    from tests.integrations.test_qwen2_5_vl import tiny_model
+
+    return wx.from_qwen2_5_vl(tiny_model(), wx.DualExpertQwenConfig(action_intermediate=24)).train()
+
+
+def dual_expert_loss(model):
+    from tests.integrations.test_qwen2_5_vl import inputs
+
+    batch = inputs()
+    types = torch.zeros_like(batch["input_ids"])
+    types[0, -3:] = 1
+    return model(**batch, labels=batch["input_ids"], moe_token_types=types).loss
