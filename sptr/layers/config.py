@@ -68,9 +68,12 @@ class LayerConfig:
 
     @classmethod
     def from_yaml(cls, path: str, section: str | None = None):
+        """A YAML file's keys (or its ``section``'s); ``path`` may name a shipped config (configs/<name>.yaml)."""
         import yaml
 
-        with open(path) as fh:
+        from ..config_files import config_path
+
+        with open(config_path(path)) as fh:
             data = yaml.safe_load(fh)
         if section is not None:
             if not isinstance(data, Mapping) or section not in data:

@@ -183,3 +183,8 @@ def test_bidirectional_attention_among_action_tokens(attn):
     assert torch.equal(c[0, -3], d[0, -3])          # causally it does not
     with torch.no_grad():  # no action token: the plain causal model
         assert torch.equal(both(**batch).logits, causal(**batch).logits)
+
+
+def test_config_from_yaml():
+    cfg = moe.DualExpertQwenConfig.from_yaml("qwen2_5_vl_dual_expert")
+    assert cfg == moe.DualExpertQwenConfig()

@@ -80,8 +80,8 @@ class SphereFormerUNetConfig(LayerConfig):
         :func:`~sptr.models.sphereformer.published_config.from_sphereformer_yaml`."""
         from ...config_files import config_path
 
-        path = config_path(path)
         if section is None:
+            path = config_path(path)
             import yaml
 
             with open(path) as f:
