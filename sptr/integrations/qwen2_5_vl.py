@@ -1,11 +1,13 @@
 """Swap sptr's kernels into a transformers Qwen2.5-VL model without changing its outputs.
 
-``apply_to(model)`` (transformers 4.49, the version Wall-X pins) patches that model instance only: the text
+``apply_to(model)`` patches that model instance only. With transformers 4.49 (the version Wall-X pins): the text
 model's ``get_rope_index``, the vision tower's ``rot_pos_emb`` / ``get_window_index``, and the ``forward`` of
-each text attention module, replaced by a copy of transformers' own forward that calls sptr's mRoPE. Other
-models, patched or not, are unaffected, and ``restore(model)`` removes the patches. Every replacement gives
-transformers' results bit for bit, under autocast too (the mRoPE promotes fp16/bf16 q, k with fp32 cos/sin to
-fp32 as the eager expression does).
+each text attention module, replaced by a copy of transformers' own forward that calls sptr's mRoPE. With
+transformers 5.x: each text attention's ``apply_rotary_pos_emb`` (5.x composes the three mRoPE streams in its
+rotary module; sptr rotates with the composed tables) and the model's ``get_rope_index`` (5.x call form; videos
+keep transformers' own, whose time rule 5.x changed); the vision tower stays transformers'. Other models,
+patched or not, are unaffected, and ``restore(model)`` removes the patches. Every replacement gives
+transformers' results bit for bit, under autocast too.
 """
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ import torch
 from ..ops import rope as rope_ops
 from ..ops import vision_index
 
-_SUPPORTED = "4.49"
-_MROPE = "apply_multimodal_rotary_pos_emb"
+_SUPPORTED = ("4.49", "5.")
+_MROPE = "apply_multimodal_rotary_pos_emb"   # transformers 4.49's text attention calls it
+_ROPE5 = "apply_rotary_pos_emb"              # 5.x's, with composed [B, S, D] tables
 _with_fused_mrope_cache: dict = {}
 
 
@@ -26,13 +29,17 @@ def _modeling():
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl
 
     if not transformers.__version__.startswith(_SUPPORTED):
-        raise RuntimeError(f"sptr.integrations.qwen2_5_vl.apply_to supports transformers {_SUPPORTED}.x, found "
-                           f"{transformers.__version__}; for transformers 5.x call "
-                           "sptr.ops.vision_index.get_rope_index_hf5 with the 5.x arguments")
-    for name in (_MROPE, "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VisionTransformerPretrainedModel"):
+        raise RuntimeError(f"sptr.integrations.qwen2_5_vl.apply_to supports transformers 4.49.x and 5.x, found "
+                           f"{transformers.__version__}")
+    rope = _MROPE if transformers.__version__.startswith("4.") else _ROPE5
+    for name in (rope, "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VisionTransformerPretrainedModel"):
         if not hasattr(modeling_qwen2_5_vl, name):
             raise RuntimeError(f"transformers' Qwen2.5-VL module has no {name}; cannot patch")
     return modeling_qwen2_5_vl
+
+
+def _is_v5(hf) -> bool:
+    return hasattr(hf, "Qwen2_5_VLTextModel") and not hasattr(hf, _MROPE)
 
 
 def fused_multimodal_rotary_pos_emb(q, k, cos, sin, mrope_section, unsqueeze_dim=1):
@@ -49,19 +56,43 @@ def fused_multimodal_rotary_pos_emb(q, k, cos, sin, mrope_section, unsqueeze_dim
     return rope_ops.apply_rotary(q, k, cos, sin, list(mrope_section))
 
 
+def fused_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers 5.x's ``apply_rotary_pos_emb`` (composed ``[B, S, D]`` tables) on sptr's kernel, same values."""
+    if unsqueeze_dim == 2:
+        q_out, k_out = rope_ops.apply_rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin, None)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    if unsqueeze_dim != 1:
+        raise ValueError(f"unsqueeze_dim must be 1 ([B, H, S, D] q, k) or 2 ([B, S, H, D]), got {unsqueeze_dim}")
+    return rope_ops.apply_rotary(q, k, cos, sin, None)
+
+
 def _with_fused_mrope(forward):
-    """A copy of transformers' ``forward`` whose global ``apply_multimodal_rotary_pos_emb`` is sptr's (its
-    module's other globals as they were when first patched); only the modules given the copy use it."""
+    """A copy of transformers' ``forward`` whose global mRoPE function (4.49's or 5.x's) is sptr's (its module's
+    other globals as they were when first patched); only the modules given the copy use it."""
     copy = _with_fused_mrope_cache.get(forward)
     if copy is None:
         scope = dict(forward.__globals__)
-        scope[_MROPE] = fused_multimodal_rotary_pos_emb
+        if _MROPE in forward.__code__.co_names:
+            scope[_MROPE] = fused_multimodal_rotary_pos_emb
+        else:
+            scope[_ROPE5] = fused_rotary_pos_emb
         copy = types.FunctionType(forward.__code__, scope, forward.__name__, forward.__defaults__,
                                   forward.__closure__)
         copy.__kwdefaults__, copy.__qualname__, copy.__doc__ = (forward.__kwdefaults__, forward.__qualname__,
                                                                forward.__doc__)
         _with_fused_mrope_cache[forward] = copy
     return copy
+
+
+def _get_rope_index5(self, input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw=None,
+                     second_per_grid_ts=None, attention_mask=None, **kwargs):
+    if video_grid_thw is not None or kwargs:  # 5.x's video time rule (and any newer argument): its own
+        return type(self).get_rope_index(self, input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw,
+                                         second_per_grid_ts, attention_mask, **kwargs)
+    cfg = self.config
+    return vision_index.get_rope_index_hf5(input_ids, mm_token_type_ids, image_grid_thw, None, second_per_grid_ts,
+                                           attention_mask, spatial_merge_size=cfg.vision_config.spatial_merge_size,
+                                           tokens_per_second=cfg.vision_config.tokens_per_second)
 
 
 def _get_rope_index(self, input_ids=None, image_grid_thw=None, video_grid_thw=None, second_per_grid_ts=None,
@@ -88,7 +119,7 @@ def _get_window_index(self, grid_thw):
 
 
 _REPLACEMENTS = {
-    "get_rope_index": lambda module: _get_rope_index,
+    "get_rope_index": lambda module: _get_rope_index5 if _is_v5(_modeling()) else _get_rope_index,
     "rot_pos_emb": lambda module: _rot_pos_emb,
     "get_window_index": lambda module: _get_window_index,
     "forward": lambda module: _with_fused_mrope(type(module).forward),
@@ -119,13 +150,16 @@ def apply_to(model: torch.nn.Module) -> torch.nn.Module:
     target = next((m for m in model.modules() if isinstance(m, hf.Qwen2_5_VLForConditionalGeneration)), None)
     if target is None:
         raise TypeError(f"{type(model).__name__} holds no Qwen2_5_VLForConditionalGeneration")
-    target.get_rope_index = PatchedMethod("get_rope_index", target)
+    v5 = _is_v5(hf)
+    owner = target.model if v5 else target  # 5.x computes the positions in Qwen2_5_VLModel
+    owner.get_rope_index = PatchedMethod("get_rope_index", owner)
+    rope = _ROPE5 if v5 else _MROPE
     for module in target.modules():
-        if isinstance(module, hf.Qwen2_5_VisionTransformerPretrainedModel):
+        if not v5 and isinstance(module, hf.Qwen2_5_VisionTransformerPretrainedModel):
             module.rot_pos_emb = PatchedMethod("rot_pos_emb", module)
             module.get_window_index = PatchedMethod("get_window_index", module)
         forward = type(module).forward
-        if getattr(forward, "__globals__", None) is vars(hf) and _MROPE in forward.__code__.co_names:
+        if getattr(forward, "__globals__", None) is vars(hf) and rope in forward.__code__.co_names:
             module.forward = PatchedMethod("forward", module)
     return model
 
