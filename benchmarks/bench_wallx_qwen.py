@@ -1,0 +1,175 @@
+"""A training step of a Wall-X-style dual-expert Qwen2.5-VL (issue 29), three ways in one run:
+
+1. sptr: ``sptr.models.qwen2_5_vl_moe`` (DualExpertFFN per decoder layer, sptr's mRoPE and index ops);
+2. the Wall-X way in plain PyTorch: the same model with transformers' own mRoPE and index functions and each
+   layer's experts as a Python loop over the token masks (what Wall-X's SparseMoeBlock computes);
+3. the Wall-X way + Liger's kernels where they apply (``apply_liger_kernel_to_qwen2_5_vl``: RMSNorm, mRoPE,
+   fused linear cross-entropy), if liger-kernel is installed.
+
+Each step: forward with labels, backward, AdamW step, bf16 autocast, images and ~15 % action tokens per row.
+Reported: median ms per step and peak memory above the resident model (CUDA), tokens/s.
+
+    python benchmarks/bench_wallx_qwen.py [--hidden 1024] [--layers 4] [--batch 8] [--seq 768]
+    python benchmarks/bench_wallx_qwen.py --tiny --device cpu   # a smoke run
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import table  # noqa: E402
+
+from sptr.integrations import qwen2_5_vl  # noqa: E402
+from sptr.models import qwen2_5_vl_moe as wx  # noqa: E402
+
+IMG, VS, VE, ACTION = 151655, 151652, 151653, 151666
+
+
+def config(args):
+    from transformers import Qwen2_5_VLConfig
+
+    heads = max(2, args.hidden // 128)
+    half = args.hidden // heads // 2
+    section = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]  # 128: [16, 24, 24]
+    return Qwen2_5_VLConfig(
+        vocab_size=151700, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 2, num_hidden_layers=args.layers,
+        num_attention_heads=heads, num_key_value_heads=max(1, heads // 4),
+        rope_scaling={"type": "mrope", "mrope_section": section}, max_position_embeddings=4096,
+        vision_config={"depth": args.vision_depth, "hidden_size": args.vision_hidden, "intermediate_size":
+                       args.vision_hidden * 4, "num_heads": max(2, args.vision_hidden // 80), "out_hidden_size":
+                       args.hidden, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                       "window_size": 112, "fullatt_block_indexes": [args.vision_depth - 1], "tokens_per_second": 2,
+                       "in_chans": 3},
+        image_token_id=IMG, video_token_id=151656, vision_start_token_id=VS, vision_end_token_id=VE,
+        attn_implementation=args.attn)
+
+
+def batch(args, device):
+    """Rows of text, one image of grid (1, h, w) and a chunk of action tokens (~15 % of the row) at the end."""
+    g = torch.Generator().manual_seed(0)
+    h, w = args.grid
+    merged = h * w // 4
+    actions = max(1, int(0.15 * args.seq))
+    text = args.seq - merged - actions - 2
+    if text < 2:
+        raise ValueError(f"--seq {args.seq} is too short for {merged} image tokens and {actions} action tokens")
+    rows = []
+    for _ in range(args.batch):
+        words = torch.randint(100, 50000, (text,), generator=g).tolist()
+        rows.append(words[:text // 2] + [VS] + [IMG] * merged + [VE] + words[text // 2:] + [ACTION] * actions)
+    ids = torch.tensor(rows, device=device)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids,
+            "image_grid_thw": torch.tensor([[1, h, w]] * args.batch, device=device),
+            "pixel_values": torch.randn(args.batch * h * w, 3 * 2 * 14 * 14, generator=g).to(device),
+            "moe_token_types": (ids == ACTION).long()}
+
+
+class LoopMLP:
+    """Wall-X's SparseMoeBlock: a Python loop over the experts with boolean token masks."""
+
+    def __init__(self, layer, model):
+        self.layer, self.model = layer, model
+
+    def __call__(self, hidden):
+        types = self.model._token_types.value
+        out = torch.zeros_like(hidden)
+        for e, expert in enumerate(self.layer.moe.experts):
+            rows = types == e
+            out[rows] = expert(hidden[rows]).to(out.dtype)
+        return out
+
+
+def build(kind, cfg, args, device):
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    plain = Qwen2_5_VLForConditionalGeneration(cfg)
+    model = wx.from_qwen2_5_vl(plain, wx.DualExpertQwenConfig(action_intermediate=args.hidden, gemm="cublas",
+                                                              action_token_id=ACTION))
+    if kind != "sptr":
+        qwen2_5_vl.restore(model)
+        for layer in model.model.layers:
+            layer.mlp = LoopMLP(layer, model)
+    if kind == "wall-x + liger":
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen2_5_vl
+        apply_liger_kernel_to_qwen2_5_vl(model=model)
+    return model.to(device).train()
+
+
+def measure(model, inputs, args, device):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    cuda = device.type == "cuda"
+
+    def step():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = model(**inputs).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    times = []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    ms = sorted(times)[len(times) // 2]
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
+    return ms, peak
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vision-depth", type=int, default=4)
+    ap.add_argument("--vision-hidden", type=int, default=640)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=768)
+    ap.add_argument("--grid", type=int, nargs=2, default=(16, 16), help="patches of each row's image")
+    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--tiny", action="store_true", help="a smoke-sized model and batch")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.hidden, args.layers, args.vision_depth, args.vision_hidden = 64, 2, 2, 32
+        args.batch, args.seq, args.grid, args.warmup, args.repeat = 2, 64, (4, 8), 1, 2
+    device = torch.device(args.device)
+    cfg = config(args)
+    inputs = batch(args, device)
+    tokens = inputs["input_ids"].numel()
+    rows, base = [], None
+    for kind in ("sptr", "wall-x loop", "wall-x + liger"):
+        try:
+            model = build(kind, cfg, args, device)
+        except ImportError as exc:
+            print(f"{kind}: unavailable ({exc})")
+            continue
+        ms, peak = measure(model, inputs, args, device)
+        base = base or ms
+        rows.append([kind, f"{ms:.1f}", f"{ms / base:.2f}x", f"{tokens / ms * 1e3:,.0f}", f"{peak:.0f}"])
+        print(" | ".join(rows[-1]), flush=True)
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(f"\nhidden {args.hidden}, {args.layers} layers, vision depth {args.vision_depth}, batch {args.batch} x "
+          f"{args.seq} tokens (~15 % action), bf16 autocast, {args.attn}, {device.type}")
+    print(table(rows, ["impl", "ms / step", "vs sptr", "tokens/s", "peak MiB"]))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
