@@ -36,7 +36,8 @@ def config(args):
     half = args.hidden // heads // 2
     section = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]  # 128: [16, 24, 24]
     return Qwen2_5_VLConfig(
-        vocab_size=151700, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 2, num_hidden_layers=args.layers,
+        vocab_size=151700, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 2,
+        num_hidden_layers=args.layers,
         num_attention_heads=heads, num_key_value_heads=max(1, heads // 4),
         rope_scaling={"type": "mrope", "mrope_section": section}, max_position_embeddings=4096,
         vision_config={"depth": args.vision_depth, "hidden_size": args.vision_hidden, "intermediate_size":

@@ -52,7 +52,8 @@ def synthetic_batch(batch_size: int, actions: int, generator: torch.Generator, d
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model-dir", help="a plain Qwen2.5-VL from_pretrained directory (a tiny random one if omitted)")
+    parser.add_argument("--model-dir",
+                        help="a plain Qwen2.5-VL from_pretrained directory (a tiny random one if omitted)")
     parser.add_argument("--action-intermediate", type=int, default=32, help="the action expert's width")
     parser.add_argument("--output", default="runs/qwen_dual_expert", help="checkpoint directory (Wall-X format)")
     parser.add_argument("--resume", action="store_true", help="continue from --output's checkpoint")

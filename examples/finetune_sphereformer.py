@@ -20,7 +20,6 @@ import torch
 from tqdm import tqdm
 
 from sptr.data import SegmentationMetrics, SemanticKITTI, collate_samples, lidar_scan
-from sptr.data.labels import LabelMap
 from sptr.models.sphereformer import (SphereFormerUNet, batch_inputs, mixed_precision, predict_scans,
                                       resume_training_state, training_batch)
 from sptr.models.sphereformer.evaluate import evaluate

@@ -11,7 +11,7 @@ from sptr.integrations import wallx
 from sptr.layers import SphereFormer, SphereFormerConfig
 from sptr.layers.moe import DualExpertFFN, DualExpertFFNConfig, RoutedExpertFFN, RoutedExpertFFNConfig
 from sptr.layers.vision_indices import VisionIndices, VisionIndicesConfig
-from sptr.ops import data_checks, rope
+from sptr.ops import rope
 from sptr.ops import moe as moe_ops
 from sptr.ops import vision_index as vi
 from sptr.ops.sparse_attention import sparse_self_attention

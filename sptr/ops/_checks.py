@@ -231,7 +231,8 @@ def check_no_overlap(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
         reachable = _offset_reachable(b.storage_offset() - a.storage_offset(), a.shape, a.stride())
         if reachable is False:
             return
-    raise ValueError(f"{name_a} and {name_b} share memory; the op writes into one while it reads or writes the other, so they must not overlap")
+    raise ValueError(f"{name_a} and {name_b} share memory; the op writes into one while it reads or writes the "
+                     "other, so they must not overlap")
 
 
 def autocast_dtype(device: torch.device):

@@ -98,8 +98,9 @@ def _bump_versions(*tensors: Tensor) -> None:
 
 
 def _same_view(a: Tensor, b: Tensor) -> bool:
-    return (a is b or (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-                       and a.storage_offset() == b.storage_offset() and a.shape == b.shape and a.stride() == b.stride()))
+    same_storage = a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    return a is b or (same_storage and a.storage_offset() == b.storage_offset() and a.shape == b.shape
+                      and a.stride() == b.stride())
 
 
 def apply_rotary_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: Sequence[int] | None = None, *,

@@ -11,7 +11,8 @@ from torch._subclasses.fake_tensor import is_fake
 
 import sptr._C  # noqa: F401
 
-from ._checks import FLOATING, INDEX, ValueChecks, check_int, check_tensor, data_checks_enabled, is_finite_number, is_int
+from ._checks import (FLOATING, INDEX, ValueChecks, check_int, check_tensor, data_checks_enabled, is_finite_number,
+                      is_int)
 
 _ops = torch.ops.sptr
 

@@ -1,5 +1,6 @@
-"""Evaluation on SemanticKITTI or nuScenes-lidarseg: ``python -m sptr.models.sphereformer.evaluate --config C.yaml
---checkpoint X --data-root ROOT [--dataset nuscenes] [--split val] [--output scores.json|.csv]``. Every point of every scan of the split is labelled
+"""Evaluation on SemanticKITTI or nuScenes-lidarseg: ``python -m sptr.models.sphereformer.evaluate --config
+C.yaml --checkpoint X --data-root ROOT [--dataset nuscenes] [--split val] [--output scores.json|.csv]``. Every
+point of every scan of the split is labelled
 as SphereFormer validates (voxel means, each voxel's argmax given to its points) and scored against its label:
 the per-class IoU table, mIoU and accuracy are printed, and written as JSON or CSV with ``--output``."""
 from __future__ import annotations

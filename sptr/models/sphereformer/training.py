@@ -48,7 +48,8 @@ def resume_training_state(path: str, model, optimizer, scaler, scheduler=None) -
                          "scaler, step, as save_training_state writes): load weights with --checkpoint instead")
     with torch.serialization.safe_globals(_numpy_scalar_globals()):
         state = torch.load(path, map_location="cpu", weights_only=True)
-    missing = [k for k in ("state_dict", "optimizer", "scaler", "step") if not isinstance(state, dict) or k not in state]
+    missing = [k for k in ("state_dict", "optimizer", "scaler", "step")
+               if not isinstance(state, dict) or k not in state]
     if missing:
         raise ValueError(f"{path!r} is not a training checkpoint of this library (it lacks {missing}); load its "
                          "weights with --checkpoint instead")
