@@ -1,7 +1,9 @@
-"""A Wall-X-style dual-expert Qwen2.5-VL (transformers 4.49): each decoder layer's MLP becomes a DualExpertFFN,
-expert 0 the VLM MLP's width, expert 1 the narrower action expert, routed by ``moe_token_types [B, S]`` (1 for
-the ``<|action|>`` tokens). The checkpoint keys are Wall-X's (``model.layers.N.moe.experts.{0,1}.*``); sptr's
-mRoPE and Qwen2.5-VL index ops are swapped in (``sptr.integrations.qwen2_5_vl.apply_to``).
+"""A Wall-X-style dual-expert Qwen2.5-VL (transformers 4.49 or 5.x): each decoder layer's MLP becomes a
+DualExpertFFN, expert 0 the VLM MLP's width, expert 1 the narrower action expert, routed by ``moe_token_types
+[B, S]`` (1 for the ``<|action|>`` tokens). Checkpoints use Wall-X's (4.49) keys,
+``model.layers.N.moe.experts.{0,1}.*``, also on transformers 5.x, whose modules nest them under
+``model.language_model``; sptr's mRoPE and Qwen2.5-VL index ops are swapped in
+(``sptr.integrations.qwen2_5_vl.apply_to``). Wall-X's bidirectional action attention needs 4.49's masks.
 
 ``from_qwen2_5_vl(model)`` makes one from a plain Qwen2.5-VL (its MLPs become expert 0 bit for bit, expert 1
 is initialised as transformers initialises a fresh MLP); ``load_wallx(model, directory)`` reads a Wall-X-format
@@ -84,6 +86,48 @@ class RoutedMLP:
 _CLASS_NAME = "Qwen2_5_VLDualExpertForConditionalGeneration"
 
 
+def decoder_layers(model):
+    """The decoder layers: ``model.layers`` in transformers 4.49, ``model.language_model.layers`` in 5.x."""
+    inner = model.model
+    return inner.language_model.layers if hasattr(inner, "language_model") else inner.layers
+
+
+def _text_config(config):
+    return getattr(config, "text_config", None) or config
+
+
+# transformers 5.x nests the text model and the vision tower under ``model``; Wall-X's checkpoints (4.49) do not
+_V5_TO_WALLX = (("model.language_model.", "model."), ("model.visual.", "visual."))
+
+
+def to_wallx_keys(state: dict, model) -> dict:
+    """A state dict of ``model`` with Wall-X's (transformers 4.49) key layout."""
+    if not hasattr(model.model, "language_model"):
+        return dict(state)
+    out = {}
+    for key, value in state.items():
+        for new, old in _V5_TO_WALLX:
+            if key.startswith(new):
+                key = old + key[len(new):]
+                break
+        out[key] = value
+    return out
+
+
+def from_wallx_keys(state: dict, model) -> dict:
+    """Wall-X's (4.49) keys in ``model``'s layout (the same for 4.49; nested under ``model.`` for 5.x)."""
+    if not hasattr(model.model, "language_model"):
+        return dict(state)
+    out = {}
+    for key, value in state.items():
+        if key.startswith("visual."):
+            key = "model." + key
+        elif key.startswith("model.") and not key.startswith(("model.visual.", "model.language_model.")):
+            key = "model.language_model." + key[len("model."):]
+        out[key] = value
+    return out
+
+
 class BidirectionalActionMask:
     """The decoder's ``_update_causal_mask`` with the action tokens unmasked among themselves: the causal 4-D mask
     (built here when transformers would pass none to sdpa), then ``0`` wherever both the query and the key are
@@ -134,15 +178,19 @@ def _model_class():
             super().__init__(config)
             self.moe_config = moe_config
             self._token_types = _TokenTypes()
-            ffn = DualExpertFFNConfig(hidden=config.hidden_size,
-                                      intermediate=(config.intermediate_size, moe_config.action_intermediate),
-                                      activation=config.hidden_act, gemm=moe_config.gemm)
-            for layer in self.model.layers:
+            text = _text_config(config)
+            ffn = DualExpertFFNConfig(hidden=text.hidden_size,
+                                      intermediate=(text.intermediate_size, moe_config.action_intermediate),
+                                      activation=text.hidden_act, gemm=moe_config.gemm)
+            for layer in decoder_layers(self):
                 del layer.mlp
                 layer.moe = DualExpertFFN(ffn)
                 layer.moe.apply(self._init_weights)
                 layer.mlp = RoutedMLP(layer.moe, self._token_types)
             if moe_config.bidirectional_actions:
+                if not hasattr(self.model, "_update_causal_mask"):
+                    raise ValueError("bidirectional_actions needs transformers 4.49's attention masks (Wall-X's "
+                                     "version); this transformers builds its masks otherwise")
                 self.model._update_causal_mask = BidirectionalActionMask(self.model, self._token_types)
             qwen2_5_vl.apply_to(self)
 
@@ -212,7 +260,7 @@ def load_wallx(model, directory: str, strict: bool = True) -> dict:
     dual-expert model. Keys the backbone does not own (``action_preprocessor.*``, LoRA adapters, ...) are
     returned, never dropped; with ``strict`` every missing or mis-shaped backbone key raises, named (Wall-X
     loads with ``strict=False`` and hides them)."""
-    state = _read_safetensors_dir(directory)
+    state = from_wallx_keys(_read_safetensors_dir(directory), model)
     own = model.state_dict()
     theirs = {k: v for k, v in state.items() if k in own}
     others = {k: v for k, v in state.items() if k not in own}
@@ -234,17 +282,16 @@ def save_pretrained(model, directory: str, extra: dict | None = None) -> str:
     from safetensors.torch import save_file
 
     os.makedirs(directory, exist_ok=True)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    tied = [k for k in state if k == "lm_head.weight" and model.config.tie_word_embeddings]
-    for k in tied:  # stored once, as transformers does
-        del state[k]
+    state = to_wallx_keys({k: v.detach().contiguous() for k, v in model.state_dict().items()}, model)
+    if model.lm_head.weight is model.get_input_embeddings().weight:  # tied: stored once, as transformers does
+        state.pop("lm_head.weight", None)
     clash = sorted(set(state) & set(extra or {}))
     if clash:
         raise ValueError(f"extra repeats model keys: {clash[:5]}")
     path = os.path.join(directory, "model.safetensors")
     save_file({**state, **(extra or {})}, path)
     config = model.config.to_dict()
-    ffn = model.model.layers[0].moe.cfg
+    ffn = decoder_layers(model)[0].moe.cfg
     config.update(mlp_moe=True, num_experts=2, experts=[
         {"hidden_size": ffn.hidden, "intermediate_size": w, "hidden_act": ffn.activation} for w in ffn.intermediate],
         sptr_moe=dataclasses.asdict(model.moe_config))
