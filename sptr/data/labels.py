@@ -13,6 +13,21 @@ from ..config_files import config_dir
 LABEL_MAPS = os.path.join(config_dir(), "labels")
 
 
+def label_map_file(dataset: str) -> str:
+    """The path of a label map shipped in configs/labels (``semantickitti``, ``nuscenes``)."""
+    path = os.path.join(LABEL_MAPS, f"{dataset}.yaml")
+    if not os.path.isfile(path):
+        known = sorted(f[:-5] for f in os.listdir(LABEL_MAPS) if f.endswith(".yaml"))
+        raise ValueError(f"no label map {dataset!r}; known: {known}")
+    return path
+
+
+def label_map_data(dataset: str) -> dict:
+    """A shipped label map file's entries (its split and class weights too, for those who read them)."""
+    with open(label_map_file(dataset)) as f:
+        return yaml.safe_load(f) or {}
+
+
 @dataclasses.dataclass(frozen=True)
 class LabelMap:
     """``learning_map`` (raw id -> training id, 0 ignored) and ``learning_map_inv`` (training id -> raw id). The
@@ -39,11 +54,7 @@ class LabelMap:
     @classmethod
     def named(cls, dataset: str) -> "LabelMap":
         """The map shipped in configs/labels (``semantickitti``)."""
-        path = os.path.join(LABEL_MAPS, f"{dataset}.yaml")
-        if not os.path.isfile(path):
-            known = sorted(f[:-5] for f in os.listdir(LABEL_MAPS) if f.endswith(".yaml"))
-            raise ValueError(f"no label map {dataset!r}; known: {known}")
-        return cls.from_yaml(path)
+        return cls.from_yaml(label_map_file(dataset))
 
     @property
     def num_classes(self) -> int:

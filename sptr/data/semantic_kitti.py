@@ -7,9 +7,8 @@ import os
 
 import numpy as np
 import torch
-import yaml
 
-from .labels import LABEL_MAPS, LabelMap
+from .labels import LabelMap, label_map_data
 from .lidar_segmentation import LidarSegmentation
 from .voxelize import read_kitti_bin
 
@@ -20,8 +19,7 @@ def split_sequences(split: str, dataset: str = "semantickitti") -> list[int]:
     """The sequences of a split (train, val, test, or trainval), from the label map file."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    with open(os.path.join(LABEL_MAPS, f"{dataset}.yaml")) as f:
-        table = yaml.safe_load(f)["split"]
+    table = label_map_data(dataset)["split"]
     return table["train"] + table["val"] if split == "trainval" else table[split]
 
 

@@ -133,13 +133,10 @@ def unpermute_bwd(input_bwd, input_fwd, row_id_map, prob=None):
                          "share the dtype and the hidden size")
     N = input_bwd.shape[0]
     rows = _row_map(row_id_map, input_fwd.shape[0], "input_fwd")
-    if N == 0 or rows.numel() % N:
-        if rows.numel() != 0 or N != 0:
-            raise ValueError(f"row_id_map must hold K * N entries with N = {N} (input_bwd's rows), got "
-                             f"{rows.numel()}")
+    if rows.numel() % N if N else rows.numel():
+        raise ValueError(f"row_id_map must hold K * N entries with N = {N} (input_bwd's rows), got "
+                         f"{rows.numel()}")
     K = rows.numel() // N if N else 1
-    if prob is None:
-        prob = torch.ones(N, K, dtype=torch.float32, device=input_bwd.device)
     prob = _prob(prob, N, K, input_bwd.device)
     if prob is None:
         prob = torch.ones(N, K, dtype=torch.float32, device=input_bwd.device)

@@ -59,8 +59,7 @@ def _check(q, k, cos, sin, mrope_section, section_layout):
     if section_layout not in LAYOUTS:
         raise ValueError(f"section_layout must be one of {LAYOUTS}, got {section_layout!r}")
     if cos.dim() == 4:
-        if isinstance(mrope_section, (str, bytes)) or not isinstance(mrope_section, (list, tuple)) or not all(
-                is_int(s) for s in mrope_section):
+        if not isinstance(mrope_section, (list, tuple)) or not all(is_int(s) for s in mrope_section):
             raise TypeError(f"mrope_section must be a list of 3 ints (as transformers' split needs), got "
                             f"{mrope_section!r}")
         if len(mrope_section) != 3 or sum(mrope_section) != q.shape[-1] // 2 or min(mrope_section) < 0:

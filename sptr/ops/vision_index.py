@@ -226,10 +226,12 @@ def get_rope_index_hf5(input_ids: Tensor, mm_token_type_ids: Tensor, image_grid_
     run_start = (types != 0) & (types != torch.nn.functional.pad(types, (1, 0), value=0)[:, :-1])
     ids = torch.where(torch.nn.functional.pad(run_start, (0, 1), value=False)[:, 1:], start, ids)
     mask = None if attention_mask is None else (attention_mask != 0).long()
-    known = ((types >= 0) & (types <= 2)).all() if mm_token_type_ids.numel() else torch.ones((), dtype=torch.bool)
+    extra = []
+    if data_checks_enabled():  # the condition is computed only where it is checked
+        known = ((types >= 0) & (types <= 2)).all()
+        extra.append(("mm_token_type_ids must hold 0 (text), 1 (image) or 2 (video)", known))
     pos, _ = _rope_index(ids, image_grid_thw, video_grid_thw, second_per_grid_ts, mask, spatial_merge_size, image,
-                         video, start, tokens_per_second,
-                         [("mm_token_type_ids must hold 0 (text), 1 (image) or 2 (video)", known)])
+                         video, start, tokens_per_second, extra)
     valid = torch.ones_like(types, dtype=torch.bool) if mask is None else mask.bool()
     pos = pos.masked_fill(~valid[None], 0)
     lengths = valid.sum(-1, keepdim=True)

@@ -62,8 +62,13 @@ def read_checkpoint(path: str) -> tuple[dict, dict | None]:
         return load_file(path), config if isinstance(config, dict) else None
     with torch.serialization.safe_globals(_numpy_scalar_globals()):
         state = torch.load(path, map_location="cpu", weights_only=True)
-    config = state.get("config") if isinstance(state, dict) else None
-    return as_state_dict(state, f"checkpoint {path!r}"), config if isinstance(config, dict) else None
+    return as_state_dict(state, f"checkpoint {path!r}"), saved_config(state)
+
+
+def saved_config(checkpoint) -> dict | None:
+    """The ``config`` entry of a loaded training checkpoint (as ``save_training_state`` writes it), or None."""
+    config = checkpoint.get("config") if isinstance(checkpoint, dict) else None
+    return config if isinstance(config, dict) else None
 
 
 def _config_difference(saved: dict | None, model: nn.Module) -> str:
@@ -128,13 +133,13 @@ def convert_spconv_layout(state_dict: dict, model: nn.Module, layout: str = "aut
 
 def load_pretrained(model: nn.Module, path_or_state, strict: bool = True, spconv_layout: str = "auto"):
     """Load a checkpoint into ``model``: a path (``.pth``/``.pt``/``.tar`` torch file or ``.safetensors``) or a
-    state dict, keys with or without ``module.``, spconv 2.1 weights converted. Strict by default; any shape
-    mismatch raises a ValueError naming the key and both shapes. Returns ``load_state_dict``'s result."""
-    saved_config = None
+    state dict (or a loaded training checkpoint, whose ``config`` is then named where shapes differ), keys with or
+    without ``module.``, spconv 2.1 weights converted. Strict by default; any shape mismatch raises a ValueError
+    naming the key and both shapes. Returns ``load_state_dict``'s result."""
     if isinstance(path_or_state, (str, os.PathLike)):
-        state, saved_config = read_checkpoint(os.fspath(path_or_state))
+        state, config = read_checkpoint(os.fspath(path_or_state))
     else:
-        state = as_state_dict(path_or_state, "path_or_state")
+        state, config = as_state_dict(path_or_state, "path_or_state"), saved_config(path_or_state)
     state = match_module_prefix(state, model)
     state = convert_spconv_layout(state, model, spconv_layout)
     target = model.state_dict()
@@ -142,7 +147,7 @@ def load_pretrained(model: nn.Module, path_or_state, strict: bool = True, spconv
                   for k, v in state.items() if k in target and v.shape != target[k].shape]
     if mismatched:
         raise ValueError("checkpoint shapes do not match the model:\n  " + "\n  ".join(mismatched)
-                         + _config_difference(saved_config, model))
+                         + _config_difference(config, model))
     if strict:
         missing = sorted(set(target) - set(state))
         unexpected = sorted(set(state) - set(target))
@@ -150,7 +155,7 @@ def load_pretrained(model: nn.Module, path_or_state, strict: bool = True, spconv
             raise ValueError(f"checkpoint keys do not match the model: missing {missing[:10]}"
                              f"{' ...' if len(missing) > 10 else ''} ({len(missing)}), unexpected "
                              f"{unexpected[:10]}{' ...' if len(unexpected) > 10 else ''} ({len(unexpected)})"
-                             + _config_difference(saved_config, model))
+                             + _config_difference(config, model))
     return model.load_state_dict(state, strict=strict)
 
 

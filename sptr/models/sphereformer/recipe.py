@@ -6,10 +6,9 @@ import logging
 import os
 
 import torch
-import yaml
 from torch import nn
 
-from ...data.labels import LABEL_MAPS
+from ...data.labels import label_map_data
 from .training import save_training_state
 
 
@@ -22,8 +21,7 @@ def poly_schedule(optimizer: torch.optim.Optimizer, total_steps: int, power: flo
 
 def class_weights(dataset: str = "semantickitti") -> torch.Tensor:
     """SphereFormer's per-class cross-entropy weights of a dataset (configs/labels/<dataset>.yaml)."""
-    with open(os.path.join(LABEL_MAPS, f"{dataset}.yaml")) as f:
-        weights = yaml.safe_load(f).get("class_weight")
+    weights = label_map_data(dataset).get("class_weight")
     if weights is None:
         raise ValueError(f"configs/labels/{dataset}.yaml has no class_weight")
     return torch.tensor(weights, dtype=torch.float32)

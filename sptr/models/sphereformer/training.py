@@ -53,7 +53,7 @@ def resume_training_state(path: str, model, optimizer, scaler, scheduler=None) -
     if missing:
         raise ValueError(f"{path!r} is not a training checkpoint of this library (it lacks {missing}); load its "
                          "weights with --checkpoint instead")
-    load_pretrained(model, path)
+    load_pretrained(model, state)  # the file is read once
     optimizer.load_state_dict(state["optimizer"])
     scaler.load_state_dict(state["scaler"])
     if scheduler is not None and "scheduler" in state:
