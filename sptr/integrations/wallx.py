@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ops._checks import FLOATING, check_tensor, is_int
+from ..ops._checks import FLOATING, check_tensor, dtype_name, is_int
 from ..ops.moe import _ops, _wants_validation, asym_dual_gmm as _dual_gmm, unpermute as _unpermute
 from ..ops.rope import rope, rope_bwd  # noqa: F401
 from ..ops.vision_index import get_rope_index, get_window_index, rot_pos_emb  # noqa: F401
@@ -26,8 +26,8 @@ def asym_dual_gmm(input_expert0, input_expert1, weight_expert0, weight_expert1, 
                 continue
             check_tensor(f"output_expert{e}", given, device=computed.device)
             if given.shape != computed.shape or given.dtype != computed.dtype:
-                raise ValueError(f"output_expert{e} must be a {str(computed.dtype).replace('torch.', '')} tensor of "
-                                 f"shape {tuple(computed.shape)}, got {str(given.dtype).replace('torch.', '')} "
+                raise ValueError(f"output_expert{e} must be a {dtype_name(computed.dtype)} tensor of "
+                                 f"shape {tuple(computed.shape)}, got {dtype_name(given.dtype)} "
                                  f"{tuple(given.shape)}")
             outs.append(given.copy_(computed))
         return tuple(outs)
@@ -128,8 +128,8 @@ def unpermute_bwd(input_bwd, input_fwd, row_id_map, prob=None):
     check_tensor("input_bwd", input_bwd, dim=2, dtypes=FLOATING)
     check_tensor("input_fwd", input_fwd, dim=2, dtypes=FLOATING, device=input_bwd.device)
     if input_fwd.dtype != input_bwd.dtype or input_fwd.shape[1] != input_bwd.shape[1]:
-        raise ValueError(f"input_bwd ({str(input_bwd.dtype).replace('torch.', '')} {tuple(input_bwd.shape)}) and "
-                         f"input_fwd ({str(input_fwd.dtype).replace('torch.', '')} {tuple(input_fwd.shape)}) must "
+        raise ValueError(f"input_bwd ({dtype_name(input_bwd.dtype)} {tuple(input_bwd.shape)}) and "
+                         f"input_fwd ({dtype_name(input_fwd.dtype)} {tuple(input_fwd.shape)}) must "
                          "share the dtype and the hidden size")
     N = input_bwd.shape[0]
     rows = _row_map(row_id_map, input_fwd.shape[0], "input_fwd")

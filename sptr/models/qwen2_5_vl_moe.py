@@ -22,7 +22,7 @@ import torch
 
 from ..integrations import qwen2_5_vl
 from ..layers.config import LayerConfig, check_positive
-from ..layers.moe import DualExpertFFN, DualExpertFFNConfig, vlm_mlp_to_expert0
+from ..layers.moe import GEMM_BACKENDS, DualExpertFFN, DualExpertFFNConfig, vlm_mlp_to_expert0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,8 @@ class DualExpertQwenConfig(LayerConfig):
     def __post_init__(self):
         super().__post_init__()
         check_positive(type(self).__name__, action_intermediate=self.action_intermediate)
-        DualExpertFFNConfig(hidden=8, intermediate=(8, 8), gemm=self.gemm)  # the gemm check
+        if self.gemm not in GEMM_BACKENDS:
+            raise ValueError(f"{type(self).__name__}.gemm must be one of {GEMM_BACKENDS}, got {self.gemm!r}")
 
     @classmethod
     def from_wallx_config(cls, config, **overrides) -> "DualExpertQwenConfig":

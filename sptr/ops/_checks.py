@@ -64,14 +64,19 @@ def check_int(name: str, v, minimum: int | None = None, maximum: int | None = No
     return int(v)
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``float16`` for ``torch.float16``: the name an error message shows."""
+    return str(dtype).replace("torch.", "")
+
+
 def check_tensor(name: str, t, *, dim: int | None = None, dtypes=None, device: torch.device | None = None) -> Tensor:
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dim is not None and t.dim() != dim:
         raise ValueError(f"{name} must be a {dim}-D tensor, got shape {tuple(t.shape)}")
     if dtypes is not None and t.dtype not in dtypes:
-        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise TypeError(f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+        names = ", ".join(dtype_name(d) for d in dtypes)
+        raise TypeError(f"{name} must have dtype in ({names}), got {dtype_name(t.dtype)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device}, expected {device} (all inputs must be on one device)")
     return t
