@@ -256,6 +256,12 @@ def _read_safetensors_dir(directory: str) -> dict:
     return state
 
 
+def _tied_keys(model) -> set:
+    """Keys a checkpoint stores once because the model ties them to another: ``lm_head.weight`` when the output
+    head is the input embedding (``tie_word_embeddings``, as in Qwen2.5-VL-3B), as transformers saves it."""
+    return {"lm_head.weight"} if model.lm_head.weight is model.get_input_embeddings().weight else set()
+
+
 def load_wallx(model, directory: str, strict: bool = True) -> dict:
     """Load a Wall-X-format safetensors directory (``model.safetensors`` or shards with their index) into the
     dual-expert model. Keys the backbone does not own (``action_preprocessor.*``, LoRA adapters, ...) are
@@ -269,7 +275,7 @@ def load_wallx(model, directory: str, strict: bool = True) -> dict:
               if v.shape != own[k].shape]
     if shapes:
         raise ValueError("checkpoint shapes do not match the model:\n  " + "\n  ".join(shapes))
-    missing = sorted(set(own) - set(theirs))
+    missing = sorted(set(own) - set(theirs) - _tied_keys(model))  # a tied key is loaded with its twin
     if strict and missing:
         raise ValueError(f"{directory!r} lacks {len(missing)} keys of the model: {missing[:10]}"
                          f"{' ...' if len(missing) > 10 else ''}")
@@ -284,8 +290,8 @@ def save_pretrained(model, directory: str, extra: dict | None = None) -> str:
 
     os.makedirs(directory, exist_ok=True)
     state = to_wallx_keys({k: v.detach().contiguous() for k, v in model.state_dict().items()}, model)
-    if model.lm_head.weight is model.get_input_embeddings().weight:  # tied: stored once, as transformers does
-        state.pop("lm_head.weight", None)
+    for key in _tied_keys(model):
+        state.pop(key, None)
     clash = sorted(set(state) & set(extra or {}))
     if clash:
         raise ValueError(f"extra repeats model keys: {clash[:5]}")

@@ -106,6 +106,28 @@ def test_wallx_checkpoints_load_strictly_and_return_other_keys(tmp_path):
         moe.load_wallx(fresh, str(tmp_path / "partial"), strict=False)
 
 
+def test_tied_embeddings_save_once_and_load_strictly(tmp_path):
+    config = tiny_model().config
+    config.tie_word_embeddings = True  # as Qwen2.5-VL-3B, Wall-X's base
+    torch.manual_seed(1)
+    model = moe.dual_expert_qwen2_5_vl(config, moe.DualExpertQwenConfig(action_intermediate=24)).eval()
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    moe.save_pretrained(model, str(tmp_path / "ckpt"))
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys() and "model.embed_tokens.weight" in f.keys()
+    torch.manual_seed(2)
+    fresh = moe.dual_expert_qwen2_5_vl(config, model.moe_config).eval()
+    assert moe.load_wallx(fresh, str(tmp_path / "ckpt")) == {}
+    assert fresh.lm_head.weight is fresh.get_input_embeddings().weight
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    state = {k: v for k, v in model.state_dict().items() if k not in ("lm_head.weight", "model.embed_tokens.weight")}
+    (tmp_path / "no_embed").mkdir()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "no_embed" / "model.safetensors"))
+    with pytest.raises(ValueError, match="embed_tokens"):  # the twin itself is still required
+        moe.load_wallx(fresh, str(tmp_path / "no_embed"))
+
+
 def test_pickles_and_config_errors(tmp_path):
     model = dual(tiny_model()).eval()
     batch = inputs()
