@@ -2,9 +2,12 @@
 
 CUDA sources are compiled when a CUDA toolkit and a CUDA build of torch are present, or when FORCE_CUDA=1;
 otherwise a CPU-only extension is built (every op keeps its CPU kernel). Honours TORCH_CUDA_ARCH_LIST
-(default 8.0;8.6;8.9;9.0), MAX_JOBS and DEBUG=1.
+(default 8.0;8.6;8.9;9.0a, with 9.0 instead of 9.0a where CUTLASS's headers are missing), MAX_JOBS and DEBUG=1.
+With 9.0a (Hopper's wgmma and TMA) the MoE grouped GEMM is built on CUTLASS: its headers come from
+$CUTLASS_PATH or the nvidia-cutlass wheel.
 """
 import glob
+import importlib.util
 import os
 
 from setuptools import find_packages, setup
@@ -37,19 +40,52 @@ def cuda_wheel_includes():
     return sorted({d for r in roots for d in glob.glob(os.path.join(r, "*", "include")) if os.path.isdir(d)})
 
 
+def cutlass_include():
+    """CUTLASS's headers: $CUTLASS_PATH/include (a CUTLASS checkout), else those of the nvidia-cutlass wheel
+    (cutlass_library/source/include, found without importing it); None when neither is there."""
+    roots = []
+    if os.environ.get("CUTLASS_PATH"):
+        roots.append(os.path.join(os.environ["CUTLASS_PATH"], "include"))
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is not None and spec.submodule_search_locations:
+        roots += [os.path.join(p, "source", "include") for p in spec.submodule_search_locations]
+    return next((r for r in roots if os.path.isfile(os.path.join(r, "cutlass", "cutlass.h"))), None)
+
+
+def sm90a_requested() -> bool:
+    """TORCH_CUDA_ARCH_LIST names 9.0a (Hopper's wgmma and TMA): the grouped GEMM's CUTLASS kernels are built."""
+    arches = os.environ["TORCH_CUDA_ARCH_LIST"].replace(" ", ";").split(";")
+    return any(a.split("+")[0] == "9.0a" for a in arches)
+
+
 def extension():
     debug = os.environ.get("DEBUG", "0") == "1"
     cpp = sorted(glob.glob(os.path.join(CSRC, "**", "*.cpp"), recursive=True))
     cxx = ["-O0" if debug else "-O3"] + (["-g"] if debug else [])
     include = [os.path.join(ROOT, CSRC, "include")]
     if use_cuda():
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;8.6;8.9;9.0")
+        if "TORCH_CUDA_ARCH_LIST" not in os.environ:
+            # Hopper as sm_90a (the CUTLASS grouped GEMM) where CUTLASS's headers are there, else plain sm_90.
+            hopper = "9.0a" if cutlass_include() else "9.0"
+            if hopper == "9.0":
+                print("sptr: CUTLASS headers not found (pip install --no-deps nvidia-cutlass==4.2.0.0); building "
+                      "sm_90 without the CUTLASS grouped GEMM")
+            os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;8.6;8.9;" + hopper
         include += cuda_wheel_includes()
         cu = sorted(glob.glob(os.path.join(CSRC, "**", "*.cu"), recursive=True))
         nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"] + (["-g", "-G"] if debug else [])
+        defines = ["-DSPTR_WITH_CUDA"]
+        if sm90a_requested():
+            cutlass = cutlass_include()
+            if cutlass is None:
+                raise RuntimeError("TORCH_CUDA_ARCH_LIST names 9.0a, whose grouped GEMM kernels need CUTLASS's "
+                                   "headers: pip install --no-deps nvidia-cutlass==4.2.0.0, or set CUTLASS_PATH to "
+                                   "a CUTLASS checkout (or leave 9.0a out of TORCH_CUDA_ARCH_LIST)")
+            include.append(cutlass)
+            defines.append("-DSPTR_WITH_SM90A")
         return CUDAExtension(
             "sptr._C._kernels", cpp + cu, include_dirs=include,
-            extra_compile_args={"cxx": cxx + ["-DSPTR_WITH_CUDA"], "nvcc": nvcc + ["-DSPTR_WITH_CUDA"]},
+            extra_compile_args={"cxx": cxx + defines, "nvcc": nvcc + defines},
         )
     return CppExtension("sptr._C._kernels", cpp, include_dirs=include, extra_compile_args={"cxx": cxx})
 

@@ -4,12 +4,14 @@
    sptr vs a stable argsort + index_select / index_add implementation (eager and torch.compile), as µs per
    call (eager, and replayed from a CUDA graph = GPU time alone), GB/s and the share of the 4.3 TB/s copy.
 2. asym_dual_gmm bf16 / fp16 at (m0, m1) in {(3000, 700), (16384, 2048), (64, 64), (1, 5000)}, k 2048 / 4096,
-   n0 ≈ 4k/3, n1 = k/2: sptr (auto dispatch), the grouped mma kernel alone (device offsets, as the layers use
-   it), two cuBLAS torch.mm calls, and torch._grouped_mm with expert 1 padded to n0 (bf16 only), as TFLOP/s
-   and the share of 790 TFLOP/s.
+   n1 = k/2 and n0 = 4k/3 rounded up to a multiple of 8 (2736, 5464: the 16-byte rows TMA needs; bf16 also
+   at the unrounded 2730 / 5461): sptr (auto dispatch), the sync-free grouped GEMM (device offsets, as the
+   layers use it: CUTLASS on sm_90a builds, and the mma.sync kernel it replaces there, SPTR_GROUPED_GEMM=mma),
+   two cuBLAS torch.mm calls, and torch._grouped_mm with expert 1 padded to n0 (bf16 only), as TFLOP/s and
+   the share of 790 TFLOP/s.
 3. DualExpertFFN forward+backward at T = 8192, H = 2048, intermediate (11008, 2048), 15 % action tokens,
-   bf16: sptr (its eager default, cuBLAS per expert after one offsets read, and the sync-free grouped kernel)
-   vs the plain two-expert module, eager and compiled.
+   bf16: sptr (cuBLAS per expert after one offsets read; the sync-free grouped GEMM, CUTLASS and mma.sync,
+   eager and under torch.compile(fullgraph=True)) vs the plain two-expert module, eager and compiled.
 """
 import argparse
 import os
@@ -21,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import BF16_FLOPS, HBM_BYTES_PER_S, graph_ms, table, time_ms, warm_up_gpu  # noqa: E402
 
-from sptr.layers import DualExpertFFN, DualExpertFFNConfig  # noqa: E402
+from sptr.layers import DualExpertFFN  # noqa: E402
 from sptr.ops import moe  # noqa: E402
 from sptr.reference.moe import PlainDualExpertFFN  # noqa: E402
 
@@ -73,11 +75,25 @@ def routing_rows():
     print(table(rows, ["op", "K", "impl", "eager µs", "graph µs", "GB/s", "of 4.3 TB/s"]))
 
 
+def mma_kernel(fn):
+    """fn run with SPTR_GROUPED_GEMM=mma: the mma.sync grouped kernel where the CUTLASS one would run."""
+    def run():
+        os.environ["SPTR_GROUPED_GEMM"] = "mma"
+        try:
+            return fn()
+        finally:
+            del os.environ["SPTR_GROUPED_GEMM"]
+    return run
+
+
 def gemm_rows(dtypes):
     rows = []
     for dtype in dtypes:
-        for k in (2048, 4096):
+        for k, rounded in ((2048, True), (4096, True), (2048, False), (4096, False)):
+            if not rounded and dtype != torch.bfloat16:
+                continue
             n0, n1 = (4 * k) // 3, k // 2
+            n0 = (n0 + 7) // 8 * 8 if rounded else n0
             for m0, m1 in ((3000, 700), (16384, 2048), (64, 64), (1, 5000)):
                 a0 = torch.randn(m0, k, device="cuda", dtype=dtype)
                 a1 = torch.randn(m1, k, device="cuda", dtype=dtype)
@@ -89,7 +105,8 @@ def gemm_rows(dtypes):
                 wt0, wt1 = w0.t().contiguous(), w1.t().contiguous()
                 impls = [
                     ("sptr asym_dual_gmm", lambda: moe.asym_dual_gmm(a0, a1, w0, w1)),
-                    ("sptr grouped kernel", lambda: moe.grouped_linear(x, [wt0, wt1], off)),
+                    ("sptr grouped (no sync)", lambda: moe.grouped_linear(x, [wt0, wt1], off)),
+                    ("sptr grouped, mma.sync", mma_kernel(lambda: moe.grouped_linear(x, [wt0, wt1], off))),
                     ("2x cuBLAS torch.mm", lambda: (a0 @ w0, a1 @ w1)),
                 ]
                 if dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
@@ -125,14 +142,18 @@ def ffn_rows():
     compiled = torch.compile(plain)
     flop = 3 * 2 * H * 3 * sum(int((index == e).sum()) * i for e, i in enumerate(inter))
     rows = []
-    impls = (("sptr DualExpertFFN, auto (cuBLAS per expert)", fused), ("sptr DualExpertFFN, grouped (no sync)", grouped),
-             ("plain module", plain), ("plain, torch.compile", compiled))
-    for name, m in impls:
+    impls = (("sptr DualExpertFFN, cuBLAS per expert (one sync)", fused, False),
+             ("sptr DualExpertFFN, grouped (no sync)", grouped, False),
+             ("sptr grouped, torch.compile(fullgraph)", torch.compile(grouped, fullgraph=True), False),
+             ("sptr grouped, mma.sync kernel", grouped, True),
+             ("plain module", plain, False), ("plain, torch.compile", compiled, False))
+    for name, m, mma in impls:
         def step(m=m):
             x.grad = None
             m(x, index).backward(g)
-        fwd = time_ms(lambda m=m: m(x, index))
-        both = time_ms(step)
+        wrap = mma_kernel if mma else (lambda f: f)
+        fwd = time_ms(wrap(lambda m=m: m(x, index)))
+        both = time_ms(wrap(step))
         rows.append([name, f"{fwd:.2f}", f"{both:.2f}", f"{flop / both / 1e9:.0f}", f"{100 * flop / both / 1e-3 / BF16_FLOPS:.0f}%"])
     for r in rows:
         r.append(f"{float(r[2]) / float(rows[0][2]):.2f}x")

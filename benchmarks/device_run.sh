@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One build + GPU test + benchmark cycle on the H200 device (see README "GPU validation").
-# Wheels for transformers 4.49 (the test oracle), liger-kernel and spconv's pure-Python needs (pccm, ccimport,
+# Wheels for transformers 4.49 (the test oracle), nvidia-cutlass (headers for the sm_90a build), liger-kernel and spconv's pure-Python needs (pccm, ccimport,
 # fire, termcolor, lark) travel in .whl/ (not committed); spconv-cu126 and cumm-cu126 as one xz tarball of their
 # unpacked wheels (.whl/spconv_cu126_cumm.tar.xz: the two wheels are 98 MB, over a call's 64 MiB).
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=16
 ORACLE=""
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -24,7 +24,8 @@ if [ -f .bench_deps/sptr-1.1.1-src.tar.gz ]; then
     cp sptr/functional.py sptr/sptr_cuda*.so /tmp/sptr111pkg/sptr111/; touch /tmp/sptr111pkg/sptr111/__init__.py ) &
   SPTR111_PID=$!
 fi
-( time python3 setup.py build_ext --inplace ) > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+# The build finds CUTLASS's headers in the carried nvidia-cutlass wheel (installed into /tmp/site).
+( time PYTHONPATH=$ORACLE python3 setup.py build_ext --inplace ) > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 tail -3 "$OUT/build.log"
 [ -n "$SPTR111_PID" ] && { wait $SPTR111_PID && echo "sptr 1.1.1 built" || tail -5 "$OUT/sptr111_build.log"; }
 # transformers 4.49 (the oracle) shadows the machine's transformers for the main run ...

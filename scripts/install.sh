@@ -2,7 +2,8 @@
 # Creates .venv/ and installs sptr (editable, extension built in place) with its test dependencies.
 # Also installs spconv 2.3.8 (CPU wheel, or spconv-cu126 where an NVIDIA driver runs; SPCONV_WHEEL overrides).
 # CUDA kernels are compiled when a CUDA toolkit and a CUDA build of torch are present (or FORCE_CUDA=1),
-# for TORCH_CUDA_ARCH_LIST (default 8.0;8.6;8.9;9.0); otherwise a CPU-only extension is built.
+# for TORCH_CUDA_ARCH_LIST (default 8.0;8.6;8.9;9.0a; 9.0a builds the MoE grouped GEMM on CUTLASS, whose headers
+# come from the nvidia-cutlass wheel); otherwise a CPU-only extension is built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -16,6 +17,8 @@ if [ -z "${SPCONV_WHEEL:-}" ]; then
 fi
 $PIP install -q "$SPCONV_WHEEL==2.3.8"
 $PIP install -q pytest expecttest "transformers==4.49.0"
+# CUTLASS's headers only (its Python side's dependencies are not needed to build against them).
+$PIP install -q --no-deps "nvidia-cutlass==4.2.0.0"
 # Rebuilding the extension takes minutes: skip it when the kernel sources and build settings are unchanged.
 STAMP=.venv/sptr-build.stamp
 want=$( (cat setup.py; find sptr/_C -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh' \) \

@@ -14,3 +14,9 @@ except ImportError as exc:  # pragma: no cover - exercised only on a broken inst
 def has_cuda_kernels() -> bool:
     """True when the library was built with its CUDA kernels."""
     return torch._C._dispatch_has_kernel_for_dispatch_key("sptr::window_pair_logits_fwd", "CUDA")
+
+
+def has_sm90_grouped_gemm() -> bool:
+    """True when the library holds the CUTLASS grouped GEMM of the MoE ops (built for sm_90a); it runs on compute
+    capability 9.0 devices, the mma.sync kernel everywhere else."""
+    return bool(_kernels.built_with_sm90a)

@@ -8,7 +8,18 @@
 extern "C" {
 PyMODINIT_FUNC PyInit__kernels(void) {
   static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", nullptr, -1, nullptr};
-  return PyModule_Create(&module);
+  PyObject* m = PyModule_Create(&module);
+#ifdef SPTR_WITH_SM90A
+  constexpr int sm90a = 1;
+#else
+  constexpr int sm90a = 0;
+#endif
+  // Whether the CUTLASS (sm_90a) grouped GEMM was built: sptr._C.has_sm90_grouped_gemm().
+  if (m != nullptr && PyModule_AddIntConstant(m, "built_with_sm90a", sm90a) != 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
 }
 }
 

@@ -14,6 +14,7 @@
 #include <sptr/dispatch.h>
 #include <sptr/mma_primitives.cuh>
 
+#include "moe_gemm_sm90.h"
 #include "moe_host.h"
 
 namespace sptr {
@@ -337,7 +338,7 @@ at::Tensor moe_grouped_linear_cuda(const at::Tensor& x_in, at::TensorList weight
   const at::Tensor x = k_contiguous(x_in), off = offsets.contiguous();
   const int64_t R = x.size(0), G = off.numel() - 1, P = weights.size() / G;
   auto out = at::empty({R, width}, x.options());
-  if (out.numel() == 0) return out;
+  if (out.numel() == 0 || sm90::grouped_linear(x, weights, off, out)) return out;
   std::vector<at::Tensor> ws;
   for (const at::Tensor& w : weights) ws.push_back(k_contiguous(w));
   GemmParams params{};
@@ -386,6 +387,7 @@ std::vector<at::Tensor> moe_grouped_linear_wgrad_cuda(const at::Tensor& grad, co
   const int64_t G = offsets.numel() - 1;
   std::vector<at::Tensor> dw;
   for (int64_t g = 0; g < G; ++g) dw.push_back(at::empty({out_features[g], in_features[g]}, x.options()));
+  if (sm90::grouped_linear_wgrad(grad, x, offsets.contiguous(), dw)) return dw;
   const at::Tensor gT = transposed_rows(grad), xT = transposed_rows(x), off = offsets.contiguous();
   GemmParams params{};
   params.mode = kKFromOffsets;

@@ -1,0 +1,219 @@
+// The CUTLASS side of moe_gemm_sm90.h: one kernel type per (layout, dtype), instantiated in its own
+// translation unit (moe_gemm_sm90_<layout>.cu) so that the build compiles them in parallel.
+//
+// Kernel: 128x256x64 tiles, 2x1 clusters (TMA multicast of B), two consumer warpgroups (cooperative), the
+// pipeline depth that fills the rest of shared memory; a persistent grid of one CTA per SM walks the tiles
+// of all problems. The problem list lives in device memory and is written by setup_kernel from the group
+// offsets, so the host never learns the groups' sizes.
+#pragma once
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/gemm/group_array_problem_shape.hpp>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+
+#include <sptr/checks.h>
+
+#include "moe_gemm_sm90.h"
+
+namespace sptr::sm90 {
+
+template <Layout L>
+struct OperandLayouts;
+template <>
+struct OperandLayouts<Layout::kTN> {
+  using A = cutlass::layout::RowMajor;
+  using B = cutlass::layout::ColumnMajor;
+};
+template <>
+struct OperandLayouts<Layout::kNN> {
+  using A = cutlass::layout::RowMajor;
+  using B = cutlass::layout::RowMajor;
+};
+template <>
+struct OperandLayouts<Layout::kNT> {
+  using A = cutlass::layout::ColumnMajor;
+  using B = cutlass::layout::RowMajor;
+};
+
+template <Layout L, class Element>
+struct GroupedGemm {
+  using LayoutA = typename OperandLayouts<L>::A;
+  using LayoutB = typename OperandLayouts<L>::B;
+  using LayoutD = cutlass::layout::RowMajor;
+  static constexpr int kAlign = 16 / sizeof(Element);  // 16-byte TMA alignment
+
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlign, Element, LayoutD*, kAlign,
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlign, Element, LayoutB*, kAlign, float,
+      TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  using Shape = typename ProblemShape::UnderlyingProblemShape;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+};
+
+constexpr int kMaxProblems = 32;  // per setup launch: the parameter block stays under 4 KB
+
+struct SetupParams {
+  Problem p[kMaxProblems];
+  int32_t count;
+  Dynamic dynamic;
+  const int64_t* offsets;
+  int64_t groups, range_end;
+};
+
+// The one dynamic (int64) mode of a packed CUTLASS stride: modes 0 or 1 hold it, the rest are static.
+template <class Stride>
+__device__ Stride leading_stride(int64_t ld) {
+  Stride s{};
+  if constexpr (cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(s))>>::value) {
+    cute::get<1>(s) = ld;
+  } else {
+    cute::get<0>(s) = ld;
+  }
+  return s;
+}
+
+// The device arrays a grouped launch reads: written by setup_kernel, one entry per problem.
+template <class G, class Element>
+struct DeviceArrays {
+  typename G::Shape* shapes;
+  const Element** a;
+  const Element** b;
+  Element** d;
+  typename G::StrideA* sa;
+  typename G::StrideB* sb;
+  typename G::StrideD* sd;
+};
+
+template <class G, class Element>
+__global__ void setup_kernel(SetupParams P, DeviceArrays<G, Element> out) {
+  const int i = threadIdx.x;
+  if (i >= P.count) return;
+  const Problem pr = P.p[i];
+  int64_t m = pr.m, k = pr.k;
+  const Element* a = static_cast<const Element*>(pr.a);
+  const Element* b = static_cast<const Element*>(pr.b);
+  Element* d = static_cast<Element*>(pr.d);
+  if (P.dynamic != Dynamic::kStatic) {
+    const int64_t end = P.range_end;
+    auto at = [&](int64_t j) { return min(max(P.offsets[j], (int64_t)0), end); };
+    const int64_t lo = at(pr.group), hi = max(at(pr.group + 1), lo);
+    if (P.dynamic == Dynamic::kRows) {
+      m = hi - lo;
+      a += lo * pr.lda;
+      d += lo * pr.ldd;
+    } else {
+      k = hi - lo;
+      a += lo * pr.lda;
+      b += lo * pr.ldb;
+      if (k == 0) m = 0;  // an empty reduction: skipped here, zero-filled by the caller
+    }
+  }
+  out.shapes[i] = typename G::Shape(static_cast<int>(m), pr.n, static_cast<int>(k));
+  out.a[i] = a;
+  out.b[i] = b;
+  out.d[i] = d;
+  out.sa[i] = leading_stride<typename G::StrideA>(pr.lda);
+  out.sb[i] = leading_stride<typename G::StrideB>(pr.ldb);
+  out.sd[i] = leading_stride<typename G::StrideD>(pr.ldd);
+}
+
+inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+template <Layout L, class Element>
+void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at::Tensor& offsets, int64_t range_end) {
+  using G = GroupedGemm<L, Element>;
+  const int device = at::cuda::current_device();
+  auto stream = at::cuda::getCurrentCUDAStream();
+  const auto bytes = at::TensorOptions(at::kByte).device(at::kCUDA, device);
+  for (size_t first = 0; first < problems.size(); first += kMaxProblems) {
+    const int count = static_cast<int>(std::min<size_t>(kMaxProblems, problems.size() - first));
+    SetupParams params{};
+    for (int i = 0; i < count; ++i) params.p[i] = problems[first + i];
+    params.count = count;
+    params.dynamic = dynamic;
+    params.offsets = offsets.defined() ? offsets.const_data_ptr<int64_t>() : nullptr;
+    params.groups = offsets.defined() ? offsets.numel() - 1 : 0;
+    params.range_end = range_end;
+
+    // One device buffer for the problem arrays (stream-ordered by the caching allocator: capturable).
+    const int64_t sizes[7] = {align16(count * sizeof(typename G::Shape)), align16(count * sizeof(void*)),
+                              align16(count * sizeof(void*)),           align16(count * sizeof(void*)),
+                              align16(count * sizeof(typename G::StrideA)), align16(count * sizeof(typename G::StrideB)),
+                              align16(count * sizeof(typename G::StrideD))};
+    int64_t total = 0;
+    for (int64_t s : sizes) total += s;
+    at::Tensor buffer = at::empty({total}, bytes);
+    char* base = static_cast<char*>(buffer.data_ptr());
+    char* next[7];
+    for (int j = 0; j < 7; ++j) next[j] = base, base += sizes[j];
+    DeviceArrays<G, Element> arrays{reinterpret_cast<typename G::Shape*>(next[0]),
+                                    reinterpret_cast<const Element**>(next[1]),
+                                    reinterpret_cast<const Element**>(next[2]),
+                                    reinterpret_cast<Element**>(next[3]),
+                                    reinterpret_cast<typename G::StrideA*>(next[4]),
+                                    reinterpret_cast<typename G::StrideB*>(next[5]),
+                                    reinterpret_cast<typename G::StrideD*>(next[6])};
+    setup_kernel<G, Element><<<1, kMaxProblems, 0, stream>>>(params, arrays);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+    cutlass::KernelHardwareInfo hw;
+    hw.device_id = device;
+    hw.sm_count = at::cuda::getDeviceProperties(device)->multiProcessorCount;
+    typename G::Device::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {count, arrays.shapes, nullptr},  // no host shapes: a persistent grid of sm_count CTAs
+        {arrays.a, arrays.sa, arrays.b, arrays.sb},
+        {{}, nullptr, arrays.sd, arrays.d, arrays.sd},
+        hw};
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+
+    typename G::Device gemm;
+    SPTR_CHECK_VALUE(gemm.can_implement(args) == cutlass::Status::kSuccess,
+                     "sm90 grouped GEMM: CUTLASS cannot run these problems");
+    at::Tensor workspace = at::empty({static_cast<int64_t>(G::Device::get_workspace_size(args))},
+                                     bytes);
+    SPTR_CHECK_VALUE(gemm.initialize(args, workspace.data_ptr(), stream) == cutlass::Status::kSuccess,
+                     "sm90 grouped GEMM: initialisation failed");
+    SPTR_CHECK_VALUE(gemm.run(stream) == cutlass::Status::kSuccess, "sm90 grouped GEMM: launch failed");
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+// The entry of one layout's translation unit: fp16 and bf16.
+template <Layout L>
+void run_layout(at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem>& problems,
+                const at::Tensor& offsets, int64_t range_end) {
+  if (dtype == at::kHalf) {
+    run_grouped<L, cutlass::half_t>(dynamic, problems, offsets, range_end);
+  } else {
+    run_grouped<L, cutlass::bfloat16_t>(dynamic, problems, offsets, range_end);
+  }
+}
+
+}  // namespace sptr::sm90
