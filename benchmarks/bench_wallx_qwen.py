@@ -9,8 +9,13 @@
 Each step: forward with labels, backward, AdamW step, bf16 autocast, images and ~15 % action tokens per row.
 Reported: median ms per step and peak memory above the resident model (CUDA), tokens/s.
 
+With ``--fsdp`` under torchrun, the sptr model alone, sharded with FSDP2 as Wall-X shards it (each decoder layer,
+then the root), every rank on its own batch: ms per step (the slowest rank), tokens/s of all ranks together, and
+per GPU the peak memory and the resident (sharded) model and optimizer state; run it with 1 and 2 processes.
+
     python benchmarks/bench_wallx_qwen.py [--hidden 1024] [--layers 4] [--batch 8] [--seq 768]
     python benchmarks/bench_wallx_qwen.py --tiny --device cpu   # a smoke run
+    torchrun --nproc_per_node 2 benchmarks/bench_wallx_qwen.py --fsdp [--hidden 2048 --layers 8]
 """
 import argparse
 import os
@@ -49,9 +54,9 @@ def config(args):
         attn_implementation=args.attn)
 
 
-def batch(args, device):
+def batch(args, device, seed=0):
     """Rows of text, one image of grid (1, h, w) and a chunk of action tokens (~15 % of the row) at the end."""
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(seed)
     h, w = args.grid
     merged = h * w // 4
     actions = max(1, int(0.15 * args.seq))
@@ -127,7 +132,8 @@ def measure(model, inputs, args, device):
         times.append((time.perf_counter() - start) * 1e3)
     ms = sorted(times)[len(times) // 2]
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
-    return ms, peak
+    resident = base / 2**20 if cuda else float("nan")  # the model, its gradients' buffers and AdamW's state
+    return ms, peak, resident
 
 
 def main(argv=None):
@@ -144,10 +150,13 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--tiny", action="store_true", help="a smoke-sized model and batch")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 under torchrun (the sptr model only)")
     args = ap.parse_args(argv)
     if args.tiny:
         args.hidden, args.layers, args.vision_depth, args.vision_hidden = 64, 2, 2, 32
         args.batch, args.seq, args.grid, args.warmup, args.repeat = 2, 64, (4, 8), 1, 2
+    if args.fsdp:
+        return fsdp_main(args)
     device = torch.device(args.device)
     cfg = config(args)
     inputs = batch(args, device)
@@ -159,7 +168,7 @@ def main(argv=None):
         except ImportError as exc:
             print(f"{kind}: unavailable ({exc})")
             continue
-        ms, peak = measure(model, inputs, args, device)
+        ms, peak, _ = measure(model, inputs, args, device)
         base = base or ms
         rows.append([kind, f"{ms:.1f}", f"{ms / base:.2f}x", f"{tokens / ms * 1e3:,.0f}", f"{peak:.0f}"])
         print(" | ".join(rows[-1]), flush=True)
@@ -170,6 +179,38 @@ def main(argv=None):
           f"{args.seq} tokens (~15 % action), bf16 autocast, {args.attn}, {device.type}")
     print(table(rows, ["impl", "ms / step", "vs sptr", "tokens/s", "peak MiB"]))
     return rows
+
+
+def fsdp_main(args):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from sptr.integrations.distributed import end_process_group, init_from_torchrun
+
+    rank, world, device = init_from_torchrun()
+    cfg = config(args)
+    inputs = batch(args, device, seed=rank)
+    model = build("sptr", cfg, args, device)
+    mesh = init_device_mesh(device.type, (world,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    ms, peak, resident = measure(model, inputs, args, device)
+    slowest = torch.tensor([ms, peak + resident, resident], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    ms, peak_total, resident = slowest.tolist()
+    tokens = world * inputs["input_ids"].numel()
+    row = [f"FSDP2 x{world}", f"{ms:.1f}", f"{tokens / ms * 1e3:,.0f}", f"{peak_total:.0f}", f"{resident:.0f}"]
+    if rank == 0:
+        print(f"hidden {args.hidden}, {args.layers} layers, vision depth {args.vision_depth}, per rank batch "
+              f"{args.batch} x {args.seq} tokens (~15 % action), bf16 autocast, {args.attn}, {device.type}")
+        print(table([row], ["sptr model", "ms / step", "tokens/s (all ranks)", "peak MiB per GPU",
+                            "resident MiB per GPU"]))
+    del model
+    end_process_group()
+    return row
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node 2 examples/train_sphereformer_ddp.py [--steps 20] [--checkpoint released.pth]
     torchrun --nproc_per_node 2 examples/train_sphereformer_ddp.py --data-root KITTI --resume sphereformer_ddp.pth
+    torchrun --nproc_per_node 2 examples/train_sphereformer_ddp.py --steps 23 --warmup 3 --losses run.json
 
 NCCL on GPUs (one per process), gloo on CPU. SyncBatchNorm across ranks (sptr's, which is PyTorch's on CUDA and
 also runs on CPU), a DistributedSampler over SemanticKITTI's train split (``--data-root``) or a pool of synthetic
@@ -15,6 +16,7 @@ in one process.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -72,6 +74,9 @@ def parse_args(argv=None):
     parser.add_argument("--amp", choices=["fp16", "bf16", "none"],
                         help="default: fp16 on CUDA; bf16 on CPUs with native bf16 (AVX512-BF16 / AMX), else none")
     parser.add_argument("--attention-dtype", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--warmup", type=int, default=0, help="first steps left out of the points/s figure "
+                        "(cuDNN and spconv autotuning, allocator growth)")
+    parser.add_argument("--losses", help="write every step's global-mean loss and the points/s here (JSON, rank 0)")
     parser.add_argument("--output", default="sphereformer_ddp.pth")
     parser.add_argument("--save-every", type=int, default=0)
     return parser.parse_args(argv)
@@ -95,9 +100,14 @@ def train(args, rank: int, world: int, device: torch.device) -> list[float]:
     generator = torch.Generator().manual_seed(1000 * rank + start)
     order, epoch, losses = [], 0, []
     points_seen, tic = 0.0, time.perf_counter()
+    timed_from = start + min(args.warmup, max(args.steps - 1, 0))  # the first step counted in points/s
     bar = tqdm(range(start, start + args.steps), desc=f"ddp x{world}", unit="step", disable=rank != 0, initial=start,
                total=start + args.steps)
     for step in bar:
+        if step == timed_from:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            points_seen, tic = 0.0, time.perf_counter()
         while len(order) < args.batch_size:  # the sampler's epochs, one after another
             sampler.set_epoch(epoch)
             order += list(sampler)
@@ -131,10 +141,17 @@ def train(args, rank: int, world: int, device: torch.device) -> list[float]:
         bar.set_postfix(loss=f"{reported:.3f}", points_per_s=f"{points_seen / (time.perf_counter() - tic):,.0f}")
         if args.save_every and (step + 1) % args.save_every == 0 and rank == 0:
             save_training_state(args.output, model, optimizer, scaler, step + 1)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    rate = points_seen / (time.perf_counter() - tic)
     if rank == 0:
         save_training_state(args.output, model, optimizer, scaler, start + args.steps)
+        if args.losses:
+            with open(args.losses, "w") as f:
+                json.dump({"world": world, "losses": losses, "points_per_s": rate,
+                           "timed_steps": start + args.steps - timed_from}, f)
         print(f"{world} process(es) on {device.type}: loss {losses[0]:.3f} -> {losses[-1]:.3f} over {args.steps} "
-              f"steps, {points_seen / (time.perf_counter() - tic):,.0f} points/s ({amp}); "
+              f"steps, {rate:,.0f} points/s over the last {start + args.steps - timed_from} ({amp}); "
               f"checkpoint {args.output}")
     return losses
 
