@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One build + GPU test + benchmark cycle on the H200 device (see README "GPU validation").
-# Wheels for transformers 4.49 (the test oracle), nvidia-cutlass (headers for the sm_90a build), liger-kernel and spconv's pure-Python needs (pccm, ccimport,
+# Wheels for transformers 4.49 (the test oracle), liger-kernel and spconv's pure-Python needs (pccm, ccimport,
 # fire, termcolor, lark) travel in .whl/ (not committed); spconv-cu126 and cumm-cu126 as one xz tarball of their
-# unpacked wheels (.whl/spconv_cu126_cumm.tar.xz: the two wheels are 98 MB, over a call's 64 MiB).
+# unpacked wheels (.whl/spconv_cu126_cumm.tar.xz: the two wheels are 98 MB, over a call's 64 MiB); CUTLASS's
+# headers as .whl/cutlass_include.tar.xz. benchmarks/fetch_device_wheels.sh makes .whl/.
 set -u -o pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -13,6 +14,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && ORACLE=/tmp/site
 fi
 [ -f .whl/spconv_cu126_cumm.tar.xz ] && mkdir -p /tmp/site && tar xJf .whl/spconv_cu126_cumm.tar.xz -C /tmp/site
+# CUTLASS's headers for the sm_90a build (benchmarks/fetch_device_wheels.sh packs them).
+[ -f .whl/cutlass_include.tar.xz ] && mkdir -p /tmp/cutlass && tar xJf .whl/cutlass_include.tar.xz -C /tmp/cutlass \
+  && export CUTLASS_PATH=/tmp/cutlass
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 # The published sptr 1.1.1, for the fused-attention benchmark: its sdist plus the four headers the sdist lacks
 # (D11, taken from its git repository), carried in .bench_deps/ (not committed), built next to ours and
@@ -24,8 +28,7 @@ if [ -f .bench_deps/sptr-1.1.1-src.tar.gz ]; then
     cp sptr/functional.py sptr/sptr_cuda*.so /tmp/sptr111pkg/sptr111/; touch /tmp/sptr111pkg/sptr111/__init__.py ) &
   SPTR111_PID=$!
 fi
-# The build finds CUTLASS's headers in the carried nvidia-cutlass wheel (installed into /tmp/site).
-( time PYTHONPATH=$ORACLE python3 setup.py build_ext --inplace ) > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+( time python3 setup.py build_ext --inplace ) > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 tail -3 "$OUT/build.log"
 [ -n "$SPTR111_PID" ] && { wait $SPTR111_PID && echo "sptr 1.1.1 built" || tail -5 "$OUT/sptr111_build.log"; }
 # transformers 4.49 (the oracle) shadows the machine's transformers for the main run ...
