@@ -75,7 +75,7 @@ struct GroupedGemm {
   using StrideD = typename Kernel::InternalStrideD;
 };
 
-constexpr int kMaxProblems = 32;  // per setup launch: the parameter block stays under 4 KB
+constexpr int kMaxProblems = 32;  // per setup launch: its parameter block stays under 4 KB
 
 struct SetupParams {
   Problem p[kMaxProblems];
@@ -150,59 +150,60 @@ void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at
   const int device = at::cuda::current_device();
   auto stream = at::cuda::getCurrentCUDAStream();
   const auto bytes = at::TensorOptions(at::kByte).device(at::kCUDA, device);
-  for (size_t first = 0; first < problems.size(); first += kMaxProblems) {
-    const int count = static_cast<int>(std::min<size_t>(kMaxProblems, problems.size() - first));
+  const int count = static_cast<int>(problems.size());
+  // One device buffer for every problem's arrays (stream-ordered by the caching allocator: capturable).
+  const int64_t sizes[7] = {align16(count * sizeof(typename G::Shape)), align16(count * sizeof(void*)),
+                            align16(count * sizeof(void*)),           align16(count * sizeof(void*)),
+                            align16(count * sizeof(typename G::StrideA)), align16(count * sizeof(typename G::StrideB)),
+                            align16(count * sizeof(typename G::StrideD))};
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  at::Tensor buffer = at::empty({total}, bytes);
+  char* base = static_cast<char*>(buffer.data_ptr());
+  char* next[7];
+  for (int j = 0; j < 7; ++j) next[j] = base, base += sizes[j];
+  const DeviceArrays<G, Element> arrays{reinterpret_cast<typename G::Shape*>(next[0]),
+                                        reinterpret_cast<const Element**>(next[1]),
+                                        reinterpret_cast<const Element**>(next[2]),
+                                        reinterpret_cast<Element**>(next[3]),
+                                        reinterpret_cast<typename G::StrideA*>(next[4]),
+                                        reinterpret_cast<typename G::StrideB*>(next[5]),
+                                        reinterpret_cast<typename G::StrideD*>(next[6])};
+  // The problems reach the device as kernel parameters, kMaxProblems per setup launch; one GEMM runs them all.
+  for (int first = 0; first < count; first += kMaxProblems) {
     SetupParams params{};
-    for (int i = 0; i < count; ++i) params.p[i] = problems[first + i];
-    params.count = count;
+    params.count = std::min(kMaxProblems, count - first);
+    for (int i = 0; i < params.count; ++i) params.p[i] = problems[first + i];
     params.dynamic = dynamic;
     params.offsets = offsets.defined() ? offsets.const_data_ptr<int64_t>() : nullptr;
     params.groups = offsets.defined() ? offsets.numel() - 1 : 0;
     params.range_end = range_end;
-
-    // One device buffer for the problem arrays (stream-ordered by the caching allocator: capturable).
-    const int64_t sizes[7] = {align16(count * sizeof(typename G::Shape)), align16(count * sizeof(void*)),
-                              align16(count * sizeof(void*)),           align16(count * sizeof(void*)),
-                              align16(count * sizeof(typename G::StrideA)), align16(count * sizeof(typename G::StrideB)),
-                              align16(count * sizeof(typename G::StrideD))};
-    int64_t total = 0;
-    for (int64_t s : sizes) total += s;
-    at::Tensor buffer = at::empty({total}, bytes);
-    char* base = static_cast<char*>(buffer.data_ptr());
-    char* next[7];
-    for (int j = 0; j < 7; ++j) next[j] = base, base += sizes[j];
-    DeviceArrays<G, Element> arrays{reinterpret_cast<typename G::Shape*>(next[0]),
-                                    reinterpret_cast<const Element**>(next[1]),
-                                    reinterpret_cast<const Element**>(next[2]),
-                                    reinterpret_cast<Element**>(next[3]),
-                                    reinterpret_cast<typename G::StrideA*>(next[4]),
-                                    reinterpret_cast<typename G::StrideB*>(next[5]),
-                                    reinterpret_cast<typename G::StrideD*>(next[6])};
-    setup_kernel<G, Element><<<1, kMaxProblems, 0, stream>>>(params, arrays);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = device;
-    hw.sm_count = at::cuda::getDeviceProperties(device)->multiProcessorCount;
-    typename G::Device::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGrouped,
-        {count, arrays.shapes, nullptr},  // no host shapes: a persistent grid of sm_count CTAs
-        {arrays.a, arrays.sa, arrays.b, arrays.sb},
-        {{}, nullptr, arrays.sd, arrays.d, arrays.sd},
-        hw};
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
-
-    typename G::Device gemm;
-    SPTR_CHECK_VALUE(gemm.can_implement(args) == cutlass::Status::kSuccess,
-                     "sm90 grouped GEMM: CUTLASS cannot run these problems");
-    at::Tensor workspace = at::empty({static_cast<int64_t>(G::Device::get_workspace_size(args))},
-                                     bytes);
-    SPTR_CHECK_VALUE(gemm.initialize(args, workspace.data_ptr(), stream) == cutlass::Status::kSuccess,
-                     "sm90 grouped GEMM: initialisation failed");
-    SPTR_CHECK_VALUE(gemm.run(stream) == cutlass::Status::kSuccess, "sm90 grouped GEMM: launch failed");
+    const DeviceArrays<G, Element> slice{arrays.shapes + first, arrays.a + first, arrays.b + first, arrays.d + first,
+                                         arrays.sa + first,     arrays.sb + first, arrays.sd + first};
+    setup_kernel<G, Element><<<1, kMaxProblems, 0, stream>>>(params, slice);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = device;
+  hw.sm_count = at::cuda::getDeviceProperties(device)->multiProcessorCount;
+  typename G::Device::Arguments args{
+      cutlass::gemm::GemmUniversalMode::kGrouped,
+      {count, arrays.shapes, nullptr},  // no host shapes: a persistent grid of sm_count CTAs
+      {arrays.a, arrays.sa, arrays.b, arrays.sb},
+      {{}, nullptr, arrays.sd, arrays.d, arrays.sd},
+      hw};
+  args.epilogue.thread.alpha = 1.0f;
+  args.epilogue.thread.beta = 0.0f;
+
+  typename G::Device gemm;
+  SPTR_CHECK_VALUE(gemm.can_implement(args) == cutlass::Status::kSuccess,
+                   "sm90 grouped GEMM: CUTLASS cannot run these problems");
+  at::Tensor workspace = at::empty({static_cast<int64_t>(G::Device::get_workspace_size(args))}, bytes);
+  SPTR_CHECK_VALUE(gemm.initialize(args, workspace.data_ptr(), stream) == cutlass::Status::kSuccess,
+                   "sm90 grouped GEMM: initialisation failed");
+  SPTR_CHECK_VALUE(gemm.run(stream) == cutlass::Status::kSuccess, "sm90 grouped GEMM: launch failed");
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // The entry of one layout's translation unit: fp16 and bf16.
