@@ -130,9 +130,9 @@ __global__ void setup_kernel(SetupParams P, DeviceArrays<G, Element> out) {
       k = hi - lo;
       a += lo * pr.lda;
       b += lo * pr.ldb;
-      if (k == 0) m = 0;  // an empty reduction: skipped here, zero-filled by the caller
     }
   }
+  if (k == 0) m = 0;  // an empty reduction would store unset accumulators: skipped (the caller zero-fills)
   out.shapes[i] = typename G::Shape(static_cast<int>(m), pr.n, static_cast<int>(k));
   out.a[i] = a;
   out.b[i] = b;

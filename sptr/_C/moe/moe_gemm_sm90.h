@@ -39,7 +39,7 @@ inline bool tma_aligned(const void* p, int64_t ld, int64_t element_size) {
 }
 
 // Runs the problems on the current stream. offsets: int64 [G + 1] on the device (clamped into [0, range_end]),
-// used by kRows / kReduction. A problem whose dynamic extent is 0 is skipped (its output is not written).
+// used by kRows / kReduction. A problem with m = 0 or k = 0 is skipped: its output is not written.
 void grouped_gemm(Layout layout, at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem>& problems,
                   const at::Tensor& offsets, int64_t range_end);
 
