@@ -15,6 +15,7 @@
 #include <sptr/mma_primitives.cuh>
 
 #include "moe_gemm_sm90.h"
+#include "moe_groups.cuh"
 #include "moe_host.h"
 
 namespace sptr {
@@ -43,9 +44,13 @@ struct GemmParams {
 
 __device__ __forceinline__ void offsets_range(const GemmParams& P, int range, int64_t& lo, int64_t& hi) {
   const int64_t end = P.range_end;
-  auto at = [&](int64_t i) { return min(max(P.offsets[i], (int64_t)0), end); };
-  lo = range < 0 ? 0 : at(range);
-  hi = range < 0 ? at(0) : range >= P.groups ? end : max(at(range + 1), lo);
+  if (range < 0) {
+    lo = 0, hi = clamped_offset(P.offsets, 0, end);
+  } else if (range >= P.groups) {
+    lo = clamped_offset(P.offsets, range, end), hi = end;
+  } else {
+    group_range(P.offsets, range, end, lo, hi);
+  }
 }
 
 struct Tile {

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "moe_gemm_sm90.h"
+#include "moe_groups.cuh"
 
 namespace sptr::sm90 {
 
@@ -54,12 +55,6 @@ namespace {
 
 constexpr int kMaxGroups = 256;
 
-__device__ __forceinline__ void group_range(const int64_t* offsets, int64_t g, int64_t end, int64_t& lo, int64_t& hi) {
-  auto at = [&](int64_t i) { return min(max(offsets[i], (int64_t)0), end); };
-  lo = at(g);
-  hi = max(at(g + 1), lo);
-}
-
 // Columns [covered[g], width) of group g's rows and every row of no group: what the GEMMs leave unwritten.
 // 16-bit zeros are zero bits in fp16 and bf16 alike.
 struct CoverParams {
@@ -69,18 +64,12 @@ struct CoverParams {
 };
 
 __global__ void zero_uncovered_kernel(uint16_t* out, const __grid_constant__ CoverParams P) {
-  __shared__ int64_t lo[kMaxGroups], hi[kMaxGroups];
-  for (int64_t g = threadIdx.x; g < P.groups; g += blockDim.x) group_range(P.offsets, g, P.rows, lo[g], hi[g]);
+  __shared__ int64_t off[kMaxGroups + 1];
+  for (int64_t i = threadIdx.x; i <= P.groups; i += blockDim.x) off[i] = P.offsets[i];
   __syncthreads();
   for (int64_t r = blockIdx.x; r < P.rows; r += gridDim.x) {
-    int64_t first = 0;
-    for (int64_t g = 0; g < P.groups; ++g) {
-      if (r >= lo[g] && r < hi[g]) {
-        first = P.covered[g];
-        break;
-      }
-    }
-    for (int64_t c = first + threadIdx.x; c < P.width; c += blockDim.x) out[r * P.width + c] = 0;
+    const int g = find_group(off, static_cast<int>(P.groups), r);
+    for (int64_t c = (g >= 0 ? P.covered[g] : 0) + threadIdx.x; c < P.width; c += blockDim.x) out[r * P.width + c] = 0;
   }
 }
 

@@ -6,6 +6,11 @@
 // of all problems. The problem list lives in device memory and is written by setup_kernel from the group
 // offsets, so the host never learns the groups' sizes.
 #pragma once
+// Without NDEBUG, device asserts are function calls inside the mainloop and ptxas serialises the wgmma pipeline
+// (warning C7510). A unit includes this header first, so that every header sees it.
+#ifndef NDEBUG
+#define NDEBUG
+#endif
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -21,6 +26,7 @@
 #include <sptr/checks.h>
 
 #include "moe_gemm_sm90.h"
+#include "moe_groups.cuh"
 
 namespace sptr::sm90 {
 
@@ -119,9 +125,8 @@ __global__ void setup_kernel(SetupParams P, DeviceArrays<G, Element> out) {
   const Element* b = static_cast<const Element*>(pr.b);
   Element* d = static_cast<Element*>(pr.d);
   if (P.dynamic != Dynamic::kStatic) {
-    const int64_t end = P.range_end;
-    auto at = [&](int64_t j) { return min(max(P.offsets[j], (int64_t)0), end); };
-    const int64_t lo = at(pr.group), hi = max(at(pr.group + 1), lo);
+    int64_t lo, hi;
+    group_range(P.offsets, pr.group, P.range_end, lo, hi);
     if (P.dynamic == Dynamic::kRows) {
       m = hi - lo;
       a += lo * pr.lda;

@@ -1,11 +1,6 @@
 // The sm90 grouped GEMM of layout kTN (see moe_gemm_sm90.h), in its own translation unit for a parallel build.
 #ifdef SPTR_WITH_SM90A
-// Without NDEBUG, device asserts are function calls inside the mainloop and ptxas serialises the wgmma
-// pipeline (warning C7510).
-#ifndef NDEBUG
-#define NDEBUG
-#endif
-#include "moe_gemm_sm90.cuh"
+#include "moe_gemm_sm90.cuh"  // first: it sets NDEBUG for the whole unit
 
 namespace sptr::sm90 {
 void run_tn(at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem>& problems, const at::Tensor& offsets,

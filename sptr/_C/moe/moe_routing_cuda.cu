@@ -10,6 +10,7 @@
 #include <sptr/dispatch.h>
 #include <sptr/views.h>
 
+#include "moe_groups.cuh"
 #include "moe_host.h"
 
 namespace sptr {
@@ -389,12 +390,6 @@ constexpr int kSwigluGroups = 256;
 struct GroupWidths {
   int32_t w[kSwigluGroups];
 };
-
-__device__ __forceinline__ int find_group(const int64_t* off, int G, int64_t r) {
-  for (int g = 0; g < G; ++g)
-    if (r >= off[g] && r < off[g + 1]) return g;
-  return -1;
-}
 
 template <typename T, bool BACKWARD>
 __global__ void moe_swiglu_kernel(const T* __restrict__ h, const T* __restrict__ grad, const int64_t* offsets,
