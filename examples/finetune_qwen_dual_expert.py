@@ -18,23 +18,16 @@ import torch
 from tqdm import tqdm
 
 from sptr.amp import mixed_precision
+from sptr.integrations import qwen2_5_vl
 from sptr.models import qwen2_5_vl_moe as wx
 
 IMG, VS, VE, ACTION = 151655, 151652, 151653, 151666  # the Qwen2.5-VL vision ids; ACTION: the <|action|> id
 
 
 def tiny_qwen():
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLForConditionalGeneration
 
-    cfg = Qwen2_5_VLConfig(
-        vocab_size=151700, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, max_position_embeddings=512,
-        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
-                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
-                       "fullatt_block_indexes": [1], "tokens_per_second": 2, "in_chans": 3},
-        image_token_id=IMG, video_token_id=151656, vision_start_token_id=VS, vision_end_token_id=VE,
-        attn_implementation="eager")
-    return Qwen2_5_VLForConditionalGeneration(cfg)
+    return Qwen2_5_VLForConditionalGeneration(qwen2_5_vl.tiny_config())
 
 
 def synthetic_batch(batch_size: int, actions: int, generator: torch.Generator, device):

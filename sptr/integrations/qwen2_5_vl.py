@@ -171,3 +171,18 @@ def restore(model: torch.nn.Module) -> torch.nn.Module:
             if isinstance(module.__dict__.get(name), PatchedMethod):
                 del module.__dict__[name]
     return model
+
+
+def tiny_config():
+    """A tiny Qwen2.5-VL config (2 text layers of width 64, a 2-block vision tower of width 32) with the released
+    model's token ids and mRoPE layout: the random model of the demos and tests."""
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(
+        vocab_size=151700, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, max_position_embeddings=512,
+        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+                       "fullatt_block_indexes": [1], "tokens_per_second": 2, "in_chans": 3},
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        attn_implementation="eager")

@@ -4,22 +4,14 @@ import torch
 
 hf = pytest.importorskip("tests.ops.hf_oracle", exc_type=ImportError)  # skips with the version found
 
-from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration  # noqa: E402
+from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: E402
 
 from sptr.integrations import qwen2_5_vl  # noqa: E402
 
 
 def tiny_model():
     torch.manual_seed(0)
-    cfg = Qwen2_5_VLConfig(
-        vocab_size=151700, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, max_position_embeddings=512,
-        vision_config={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
-                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
-                       "fullatt_block_indexes": [1], "tokens_per_second": 2, "in_chans": 3},
-        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
-        attn_implementation="eager")
-    return Qwen2_5_VLForConditionalGeneration(cfg).eval()
+    return Qwen2_5_VLForConditionalGeneration(qwen2_5_vl.tiny_config()).eval()
 
 
 def inputs():
