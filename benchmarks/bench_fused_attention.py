@@ -2,6 +2,8 @@
 
 1. fused: sptr.ops.window_attention, the checked call (its value checks cost one host sync)
 2. fused unchecked: the same under ``data_checks(False)``, what the layers (SphereFormer) run
+2b. fused gather kernel (rel pos only): the unchecked call with every cell coordinate + 32, which keeps the
+   relative positions but sends the forward to the gather kernel instead of the one-hot one (an A/B of the two)
 3. step: this library's step-by-step ops
 4. sptr 1.1.1's step ops (built from its sdist, imported under the name ``sptr111``; its torch_scatter
    softmax replaced by torch.segment_reduce, as torch_scatter cannot be installed on the device)
@@ -125,9 +127,17 @@ def implementations(lay, sptr111, h, d):
     def fused_unchecked(rp, q, k, v, t):
         with data_checks(False):
             return fused(rp, q, k, v, t)
+    shifted = lay["coords"] + 32  # every relative position kept, cells past the one-hot kernel's [0, 32)
+
+    def fused_gather(rp, q, k, v, t):
+        if not rp:
+            return None
+        with data_checks(False):
+            return window_attention(q, k, v, lay["offsets"], rel_pos=RelativePosition(shifted, QGL - 1, *t), scale=1.0)
     impls = {
         "fused": fused,
         "fused unchecked": fused_unchecked,
+        "fused gather kernel": fused_gather,
         "step": lambda rp, q, k, v, t: step_pipeline(sptr, lambda x: sptr.scatter_softmax_csr(x, lay["o0"]), lay, rp,
                                                      q, k, v, t),
     }

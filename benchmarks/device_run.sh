@@ -32,7 +32,12 @@ fi
 tail -3 "$OUT/build.log"
 [ -n "$SPTR111_PID" ] && { wait $SPTR111_PID && echo "sptr 1.1.1 built" || tail -5 "$OUT/sptr111_build.log"; }
 # transformers 4.49 (the oracle) shadows the machine's transformers for the main run ...
-PYTHONPATH=$ORACLE:. python3 -m pytest ${PYTEST_TARGETS:-tests} -q -p no:cacheprovider -rs ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -25
+# PYTEST_K: a -k expression (with spaces) for the main run; PYTEST_ARGS: more options (-n 8 for xdist, say).
+# Two threads per test process, so that xdist workers and the multi-process tests' ranks do not oversubscribe
+# the 16 cores, and a per-test time limit (pytest-timeout), so that a stuck test fails with its stack instead
+# of using up the call.
+PYTHONPATH=$ORACLE:. OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} python3 -m pytest ${PYTEST_TARGETS:-tests} -q -p no:cacheprovider -rs \
+  --timeout "${PYTEST_TIMEOUT:-240}" ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.log" | tail -25
 # ... and the 5.x-form adapter is checked against the machine's own transformers 5.x.
 [ -n "${SKIP_HF5:-}" ] || PYTHONPATH=. python3 -m pytest tests/ops/test_rope_index_hf5.py \
   tests/integrations/test_qwen2_5_vl_hf5.py tests/models/test_qwen2_5_vl_moe_hf5.py -q -p no:cacheprovider -rs \
@@ -40,8 +45,9 @@ PYTHONPATH=$ORACLE:. python3 -m pytest ${PYTEST_TARGETS:-tests} -q -p no:cachepr
 # Out-of-bounds accesses and races in the CUDA kernels, on the CUDA test cases of the smaller tests.
 [ -n "${SKIP_MEMCHECK:-}" ] || PYTHONPATH=$ORACLE:. timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool memcheck --error-exitcode 1 \
   python3 -m pytest ${SANITIZER_TARGETS:-tests/ops} -q -p no:cacheprovider -x \
-  -k "cuda and not big_windows and not random_batches" 2>&1 | tee "$OUT/memcheck.log" | tail -4
-for b in ${BENCHMARKS:-bench_fused_attention bench_window_attention bench_rope}; do
+  -k "${SANITIZER_K:-cuda and not big_windows and not random_batches}" 2>&1 | tee "$OUT/memcheck.log" | tail -4
+# BENCHMARKS unset: the three below; set and empty: none.
+for b in ${BENCHMARKS-bench_fused_attention bench_window_attention bench_rope}; do
   PYTHONPATH=$ORACLE:/tmp/sptr111pkg:. timeout ${BENCH_TIMEOUT:-240} python3 "benchmarks/$b.py" ${BENCH_ARGS:-} \
     2>&1 | tee "$OUT/$b.log" | tail -60
 done

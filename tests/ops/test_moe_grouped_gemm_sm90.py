@@ -61,6 +61,8 @@ def test_grouped_linear_forward_and_backward(dtype, case):
         assert_close(f"dW[{i}]", w.grad, wr.grad, TOLERANCE[dtype])
     if uses_cutlass():
         names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        if not names:  # CUPTI taken by another tool (compute-sanitizer): the values above were still checked
+            pytest.skip("the profiler recorded no CUDA kernels, so which GEMM ran is unknown")
         assert any("cutlass" in n for n in names), f"the CUTLASS grouped GEMM did not run: {sorted(set(names))}"
 
 

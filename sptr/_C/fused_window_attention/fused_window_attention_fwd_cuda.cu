@@ -153,15 +153,12 @@ struct MmaFwdSmem {
 };
 
 template <int DP, typename T, bool REL>
-__global__ void __launch_bounds__(mma::kThreads, kFwdMinBlocks<DP, REL>) fwd_mma_kernel(const Args<T> a) {
+__device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<DP, T, REL>& sm, int item) {
   using namespace mma;
   using Smem = MmaFwdSmem<DP, T, REL>;
   constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8;
-  extern __shared__ __align__(128) char smem[];
-  Bump bump(smem);
-  const Smem sm(bump, a);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int h = blockIdx.x % a.H, r0 = (blockIdx.x / a.H) * kRows;
+  const int h = item % a.H, r0 = (item / a.H) * kRows;
   const int nrows = min(kRows, a.N - r0);
   const int kbeg = a.bounds[r0].x, kend = a.bounds[r0 + nrows - 1].y;
   const int w0 = r0 + warp * 16;
@@ -351,18 +348,381 @@ __global__ void __launch_bounds__(mma::kThreads, kFwdMinBlocks<DP, REL>) fwd_mma
     }
 }
 
-// Launches the mma.sync forward if it applies (fp16/bf16, head dim 16..128 with aligned rows, its shared
-// memory fits); false leaves the work to fwd_kernel.
+// One CTA per (64-row tile, head) item; a smaller grid walks the items (the fallback of the one-hot kernel,
+// which returns at once when that kernel does the work).
+template <int DP, typename T, bool REL>
+__global__ void __launch_bounds__(mma::kThreads, kFwdMinBlocks<DP, REL>) fwd_mma_kernel(const Args<T> a) {
+  if (REL && a.onehot != nullptr && *a.onehot) return;
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const MmaFwdSmem<DP, T, REL> sm(bump, a);
+  const int items = (a.N + mma::kRows - 1) / mma::kRows * a.H;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    if (item != (int)blockIdx.x) __syncthreads();  // the previous item's shared memory is read out
+    fwd_mma_item<DP, T, REL>(a, sm, item);
+  }
+}
+
+// ------------------------------------------------------------- forward with one-hot cubic tables
+// The fp16/bf16 forward with relative-position tables of cell coordinates inside [0, kOneHot) and no radial
+// bins (SphereFormer's cubic windows): every table term is a tensor-core product (fused_window_attention_mma.cuh):
+//   logits  += Q̃·Eᵀ (query side; Q̃ built once per tile from the tile's q·Tq products, E of the keys made in
+//              registers from their coordinates) and E_q·K̃ᵀ (key side; K̃ per key block from its k·Tk products)
+//   G_a     += P·E_a (value side: the probabilities per key coordinate, in registers, rescaled as P·V is)
+// and at the end the value-table term Σ_n H[n]·Tv[n] with H[i][clamp(c_i,a − u + s)·3 + a] = Σ G_a[i][u]. No
+// table work is left per pair. The loop's buffers hold the histogram H after the loop.
 template <int DP, typename T>
-bool launch_mma_forward(const FusedOperands& o, const Args<T>& a) {
+struct OneHotFwdSmem {
+  static constexpr int BN = 32, LD = mma::kLd<DP>;
+  // Products are kept as hi and lo 16-bit planes (table_products16): qt/qt_lo, kt/kt_lo, ktil/ktil_lo.
+  T *table, *K, *V, *qt, *qt_lo, *kt, *kt_lo, *ktil, *ktil_lo;
+  int* kc;
+  float* hv;
+  int lp, hlp;  // row pitch of qt/kt (16-bit elements, odd in words: no bank conflicts between rows) and hv
+  __host__ __device__ OneHotFwdSmem(Bump& b, const Args<T>& a) : lp(a.L3p + 2), hlp(a.L3p + 4) {
+    table = b.take<T>(a.L3p * LD);
+    kc = b.take<int>(2 * BN * 3);
+    K = b.take<T>(2 * BN * LD);
+    V = b.take<T>(2 * BN * LD);
+    qt = b.take_if<T>(a.tq != nullptr, mma::kRows * lp);
+    // qt_lo shares the key-side buffers: Q̃ is made (and the CTA synchronised) before the loop that uses them.
+    const uintptr_t keys = b.base + ((b.off + 127) & ~uintptr_t(127));
+    kt = b.take_if<T>(a.tk != nullptr, BN * lp);
+    kt_lo = b.take_if<T>(a.tk != nullptr, BN * lp);
+    ktil = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
+    ktil_lo = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
+    qt_lo = a.tq != nullptr ? reinterpret_cast<T*>(keys) : nullptr;
+    reserve(b, keys, a.tq != nullptr ? uintptr_t(mma::kRows) * lp * sizeof(T) : 0);
+    hv = reinterpret_cast<float*>(K);
+    reserve(b, reinterpret_cast<uintptr_t>(K), a.tv != nullptr ? uintptr_t(mma::kRows) * hlp * sizeof(float) : 0);
+  }
+  // At least `need` bytes from `start` on (a buffer that overlays the ones taken since `start`).
+  __host__ __device__ static void reserve(Bump& b, uintptr_t start, uintptr_t need) {
+    const uintptr_t used = b.base + b.off > start ? b.base + b.off - start : 0;
+    if (need > used) b.take<char>(need - used);
+  }
+};
+
+// Two CTAs per multiprocessor up to head dim 64: at three (168 registers) the hi and lo planes of Q̃ spill.
+template <int DP> constexpr int kOneHotMinBlocks = DP <= 64 ? 2 : 1;
+
+template <int DP, typename T>
+__global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_onehot_kernel(const Args<T> a) {
+  using namespace mma;
+  using Smem = OneHotFwdSmem<DP, T>;
+  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8, KK = kOneHotK / 16;
+  if (!*a.onehot) return;  // a coordinate leaves the one-hot range: fwd_mma_kernel<REL> does the work
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const Smem sm(bump, a);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int h = blockIdx.x % a.H, r0 = (blockIdx.x / a.H) * kRows;
+  const int nrows = min(kRows, a.N - r0);
+  const int kbeg = a.bounds[r0].x, kend = a.bounds[r0 + nrows - 1].y;
+  const int w0 = r0 + warp * 16;
+  const bool active = w0 < a.N;
+  const int2 wrange = active ? make_int2(a.bounds[w0].x, a.bounds[min(w0 + 15, a.N - 1)].y) : make_int2(0, 0);
+  const int2 win0 = row_bounds(a.bounds, a.N, w0 + g), win1 = row_bounds(a.bounds, a.N, w0 + g + 8);
+  const int2 wshared = active && w0 + 15 < a.N && a.bounds[w0 + 15].x == wrange.x ? wrange : make_int2(0, 0);
+  const int L = a.rel.L, shift = a.rel.rel_shift;
+  uint32_t qf[DP / 16][4];
+  load_a_rows<DP>(qf, a.q, a.N, a.H, w0, h);
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  int cq[2][3];  // coordinates of the thread's rows g and g+8 (0 past N: in range, never stored)
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = w0 + g + 8 * i;
+#pragma unroll
+    for (int c = 0; c < 3; ++c) cq[i][c] = row < a.N ? a.rel.coords[(int64_t)row * 3 + c] : 0;
+  }
+  // Q̃ of the warp's rows as A fragments (hi and lo planes), from the tile's q·Tq products.
+  uint32_t qtil[2][KK][4] = {};
+  if (a.tq) {
+    async_rows<DP, LD, kThreads>(sm.table, a.tq, a.H, 0, a.L3, a.L3p, h);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    const int own = warp * 16 * sm.lp;
+    table_products16<DP, LD>(sm.qt + own, sm.qt_lo + own, sm.lp, qf, sm.table, 0, a.L3p / 16);
+    __syncwarp();
+#pragma unroll
+    for (int plane = 0; plane < 2; ++plane) {
+      const uint16_t* bits = reinterpret_cast<const uint16_t*>((plane ? sm.qt_lo : sm.qt) + own);
+#pragma unroll
+      for (int kk = 0; kk < KK; ++kk) {
+        const int col = kk >> 1;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int i = r & 1, u = (kk & 1) * 16 + 2 * t + (r >> 1) * 8;
+          const uint16_t* row = bits + (g + 8 * i) * sm.lp + col;
+          const uint32_t lo = row[clamp_rel(cq[i][col] - u + shift, L) * 3];
+          const uint32_t hi = row[clamp_rel(cq[i][col] - u - 1 + shift, L) * 3];
+          qtil[plane][kk][r] = lo | hi << 16;
+        }
+      }
+    }
+    __syncthreads();  // the table buffer takes Tk next; qt_lo's memory becomes the key-side buffers
+  }
+  if (a.tk) {  // waited for with the first key block
+    async_rows<DP, LD, kThreads>(sm.table, a.tk, a.H, 0, a.L3, a.L3p, h);
+    cp_async_commit();
+  }
+  float o[DT][4] = {};
+  float gv[3 * kOneHot / 8][4] = {};  // G_a[i][u] in C tiles: tile a·4 + u/8
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const int nblocks = (kend - kbeg + BN - 1) / BN;
+  auto load = [&](int blk) {
+    const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
+    async_block<DP, LD, BN, kThreads>(sm.K + buf * BN * LD, a.k, a.H, c0, n, h);
+    async_block<DP, LD, BN, kThreads>(sm.V + buf * BN * LD, a.v, a.H, c0, n, h);
+    for (int i = threadIdx.x; i < BN; i += kThreads) {
+      const bool ok = i < n;
+      const int j = ok ? c0 + i : 0;
+      for (int c = 0; c < 3; ++c) cp_async_4(sm.kc + (buf * BN + i) * 3 + c, a.rel.coords + (int64_t)j * 3 + c, ok);
+    }
+    cp_async_commit();
+  };
+  double_buffered(nblocks, load, [&](int blk) {
+    const int c0 = kbeg + blk * BN, buf = blk & 1;
+    const T* K = sm.K + buf * BN * LD;
+    const T* V = sm.V + buf * BN * LD;
+    const int* kc = sm.kc + buf * BN * 3;
+    if (a.tk) {  // K̃ of the block: its k·Tk products (warps split the 16-row groups and table columns), shifted
+      constexpr int RG = BN / 16, PARTS = kWarps / RG;
+      const int rg = warp % RG, part = warp / RG, npairs = a.L3p / 16;
+      uint32_t kfa[DP / 16][4];
+      ldmatrix_a_rows<DP, LD>(kfa, K + rg * 16 * LD);
+      table_products16<DP, LD>(sm.kt + rg * 16 * sm.lp, sm.kt_lo + rg * 16 * sm.lp, sm.lp, kfa, sm.table,
+                               part * npairs / PARTS, (part + 1) * npairs / PARTS);
+      __syncthreads();
+      for (int idx = threadIdx.x; idx < 2 * BN * kOneHotK / 2; idx += kThreads) {
+        const int plane = idx / (BN * kOneHotK / 2), rest = idx % (BN * kOneHotK / 2);
+        const int j = rest / (kOneHotK / 2), m2 = rest % (kOneHotK / 2), col = m2 / (kOneHot / 2);
+        const int u = (m2 % (kOneHot / 2)) * 2, cj = kc[j * 3 + col];
+        const uint16_t* row = reinterpret_cast<const uint16_t*>(plane ? sm.kt_lo : sm.kt) + j * sm.lp + col;
+        const uint32_t lo = row[clamp_rel(u - cj + shift, L) * 3], hi = row[clamp_rel(u + 1 - cj + shift, L) * 3];
+        *reinterpret_cast<uint32_t*>((plane ? sm.ktil_lo : sm.ktil) + j * kOneHotLd + col * kOneHot + u) =
+            lo | hi << 16;
+      }
+      __syncthreads();
+    }
+    if (active && c0 < wrange.y && c0 + BN > wrange.x) {
+      float s[NT][4] = {}, kb[NT][4] = {};
+      bool live[NT / 2];  // the 16 keys touch the warp's windows (warp-uniform); others stay p = 0
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        live[np] = overlaps16(c0 + 16 * np, wrange);
+        if (!live[np]) continue;
+        mma_abt_pair<DP, LD>(s, qf, K, np);
+        if (a.tq) {  // s += Q̃·Eᵀ: keys np·16 + g (tile 2np) and np·16 + 8 + g (tile 2np + 1)
+          const int* c0k = kc + (np * 16 + g) * 3;
+          const int* c1k = kc + (np * 16 + 8 + g) * 3;
+          const int k0[3] = {c0k[0], c0k[1], c0k[2]}, k1[3] = {c1k[0], c1k[1], c1k[2]};
+#pragma unroll
+          for (int kk = 0; kk < KK; ++kk) {
+            uint32_t b0, b1;
+            onehot_b<T>(b0, b1, k0, kk);
+            mma_16816<T>(s[2 * np], qtil[0][kk], b0, b1);
+            mma_16816<T>(s[2 * np], qtil[1][kk], b0, b1);
+            onehot_b<T>(b0, b1, k1, kk);
+            mma_16816<T>(s[2 * np + 1], qtil[0][kk], b0, b1);
+            mma_16816<T>(s[2 * np + 1], qtil[1][kk], b0, b1);
+          }
+        }
+        if (a.tk) {  // kb = E_q·K̃ᵀ
+          const int rowo = (np * 16 + (lane >> 4) * 8 + (lane & 7)) * kOneHotLd + ((lane >> 3) & 1) * 8;
+#pragma unroll
+          for (int kk = 0; kk < KK; ++kk) {
+            uint32_t e[4], b[4];
+            onehot_a<T>(e, cq[0], cq[1], kk);
+#pragma unroll
+            for (int plane = 0; plane < 2; ++plane) {
+              ldmatrix_x4(b, (plane ? sm.ktil_lo : sm.ktil) + rowo + kk * 16);
+              mma_16816<T>(kb[2 * np], e, b[0], b[1]);
+              mma_16816<T>(kb[2 * np + 1], e, b[2], b[3]);
+            }
+          }
+        }
+      }
+      const int lo[2] = {win0.x - c0 - 2 * t, win1.x - c0 - 2 * t}, hi[2] = {win0.y - c0 - 2 * t, win1.y - c0 - 2 * t};
+      float mx[2] = {m[0], m[1]};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (!live[nt / 2]) continue;
+        const bool inside = c0 + 16 * (nt / 2) >= wshared.x && c0 + 16 * (nt / 2) + 16 <= wshared.y;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = nt * 8 + (e & 1), i = e >> 1;
+          if (!inside && (c < lo[i] || c >= hi[i])) {
+            s[nt][e] = -INFINITY;
+          } else {
+            s[nt][e] = s[nt][e] * sl2 + kb[nt][e] * kLog2e;
+            mx[i] = fmaxf(mx[i], s[nt][e]);
+          }
+        }
+      }
+      float ref[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        mx[i] = quad_max(mx[i]);
+        ref[i] = mx[i] == -INFINITY ? 0.f : mx[i];
+        const float alpha = fast_exp2(m[i] - ref[i]);
+        m[i] = mx[i];
+        l[i] *= alpha;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          o[dt][2 * i] *= alpha;
+          o[dt][2 * i + 1] *= alpha;
+        }
+        if (a.tv)
+#pragma unroll
+          for (int x = 0; x < 3 * kOneHot / 8; ++x) {
+            gv[x][2 * i] *= alpha;
+            gv[x][2 * i + 1] *= alpha;
+          }
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (!live[nt / 2]) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] = fast_exp2(s[nt][e] - ref[e >> 1]);
+          l[e >> 1] += s[nt][e];
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < NT / 2; ++kk) {
+        if (!live[kk]) continue;
+        uint32_t pa[4];
+        c_to_a<T>(pa, s, kk);
+        mma_ab<DP, LD>(o, pa, V, kk);
+        if (a.tv) {  // G_a += P·E_a: keys 16kk + 2t, 2t+1 (b0) and 8 + 2t, 9 + 2t (b1), u = 8·tile + g
+          const int* kb0 = kc + (kk * 16 + 2 * t) * 3;
+          const int* kb8 = kc + (kk * 16 + 8 + 2 * t) * 3;
+#pragma unroll
+          for (int col = 0; col < 3; ++col) {
+            const int c00 = kb0[col], c01 = kb0[3 + col], c80 = kb8[col], c81 = kb8[3 + col];
+#pragma unroll
+            for (int ut = 0; ut < kOneHot / 8; ++ut) {
+              const int u = ut * 8 + g;
+              mma_16816<T>(gv[col * (kOneHot / 8) + ut], pa, onehot2<T>(c00, c01, u), onehot2<T>(c80, c81, u));
+            }
+          }
+        }
+      }
+    }
+  });
+  float inv[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = quad_sum(l[i]);
+    inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
+  }
+  if (a.tv) {  // out = (P·V + H·Tv) / l, H from G normalised before its rounding to T
+    __syncthreads();  // every warp has left the loop: its buffers become the histogram
+    async_rows<DP, LD, kThreads>(sm.table, a.tv, a.H, 0, a.L3, a.L3p, h);
+    cp_async_commit();
+    float* hrow = sm.hv + warp * 16 * sm.hlp;
+    for (int i = lane; i < 16 * sm.hlp; i += 32) hrow[i] = 0.f;
+    __syncwarp();
+    // For one row and column the relative index c − u + s differs for every u, so an unclamped entry owns its
+    // bin; the entries clamped to either end of the table are summed per lane, then over the quad in lane order.
+    float edge[2][3][2] = {};
+#pragma unroll
+    for (int x = 0; x < 3 * kOneHot / 8; ++x) {
+      const int col = x / (kOneHot / 8);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = e >> 1, u = (x % (kOneHot / 8)) * 8 + 2 * t + (e & 1);
+        const int rel = cq[i][col] - u + shift;
+        const float val = gv[x][e] * inv[i];
+        if (rel <= 0) edge[i][col][0] += val;
+        else if (rel >= L - 1) edge[i][col][1] += val;
+        else hrow[(g + 8 * i) * sm.hlp + rel * 3 + col] = val;
+      }
+    }
+    const int quad = lane & ~3;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int col = 0; col < 3; ++col)
+#pragma unroll
+        for (int side = 0; side < 2; ++side) {
+          float sum = 0.f;
+#pragma unroll
+          for (int src = 0; src < 4; ++src) sum += __shfl_sync(0xffffffffu, edge[i][col][side], quad + src);
+          if (t == 0) hrow[(g + 8 * i) * sm.hlp + (side ? L - 1 : 0) * 3 + col] += sum;
+        }
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[dt][e] *= inv[e >> 1];
+    if (active)
+      for (int kk = 0; kk < a.L3p / 16; ++kk) {
+        uint32_t ha[4];
+        smem_rows_to_a<T>(ha, hrow, sm.hlp, kk, 1.f, 1.f);
+        mma_ab<DP, LD>(o, ha, sm.table, kk);
+      }
+    inv[0] = inv[1] = 1.f;
+  }
+  if (!active) return;
+  store_c_rows<DP>(a.o, o, a.N, a.H, w0, h, inv[0], inv[1]);
+  if (t == 0)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = w0 + g + 8 * i;
+      if (row < a.N) a.lse[(int64_t)row * a.H + h] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2 : 0.f;
+    }
+}
+
+// 0 in *flag if a coordinate lies outside [0, kOneHot) (the flag starts at 1).
+__global__ void onehot_range_kernel(const int32_t* coords, int64_t n, int* flag) {
+  SPTR_GRID_STRIDE(i, n) {
+    const int c = coords[i];
+    if (c < 0 || c >= mma::kOneHot) *flag = 0;
+  }
+}
+
+// Dynamic shared memory of `kernel` if it fits the device (opting in above 48 KB), else 0.
+template <typename Kernel>
+size_t fit_smem(Kernel* kernel, size_t bytes) {
+  if (bytes > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return 0;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  return bytes;
+}
+
+// Launches the mma.sync forward if it applies (fp16/bf16, head dim 16..128 with aligned rows, its shared
+// memory fits); false leaves the work to fwd_kernel. Cubic tables (no radial bins) go to the one-hot kernel,
+// launched together with the gather kernel on a grid of resident CTAs: a device flag, set from the
+// coordinates without a host sync, tells one of them to return at once.
+template <int DP, typename T>
+bool launch_mma_forward(const FusedOperands& o, Args<T> a) {
   if (!a.vec) return false;
+  const auto stream = at::cuda::getCurrentCUDAStream();
   auto run = [&](auto rel) {
     constexpr bool REL = decltype(rel)::value;
     auto* kernel = fwd_mma_kernel<DP, T, REL>;
-    const size_t bytes = smem_bytes<MmaFwdSmem<DP, T, REL>>(a);
-    if (bytes > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return false;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    kernel<<<mma_grid(o), mma::kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(a);
+    const size_t bytes = fit_smem(kernel, smem_bytes<MmaFwdSmem<DP, T, REL>>(a));
+    if (bytes == 0) return false;
+    unsigned int grid = mma_grid(o);
+    at::Tensor flag;
+    auto* onehot = fwd_onehot_kernel<DP, T>;
+    const size_t onehot_bytes = REL && !o.radius.defined() ? fit_smem(onehot, smem_bytes<OneHotFwdSmem<DP, T>>(a)) : 0;
+    if (onehot_bytes > 0) {
+      flag = at::ones({1}, o.coords.options());
+      a.onehot = flag.const_data_ptr<int>();
+      onehot_range_kernel<<<grid_for(o.N * 3, 256), 256, 0, stream>>>(o.coords.const_data_ptr<int32_t>(), o.N * 3,
+                                                                       flag.data_ptr<int>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      onehot<<<grid, mma::kThreads, onehot_bytes, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      int per_sm = 0;
+      C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, mma::kThreads, bytes));
+      grid = std::min<unsigned int>(grid, std::max(1, per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+    }
+    kernel<<<grid, mma::kThreads, bytes, stream>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;
   };

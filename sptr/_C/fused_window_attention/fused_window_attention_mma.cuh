@@ -123,6 +123,62 @@ __device__ __forceinline__ void table_products(float* dst, int lp, const uint32_
   }
 }
 
+// table_products as two 16-bit planes, hi = T(x) in dst and lo = T(x − hi) in dst_lo (row pitch lp elements,
+// even), for the one-hot kernel: its products are mma operands beside exact one-hot matrices, and hi + lo keeps
+// the logits as close to the fp32 products as the gather kernel and the backward have them.
+template <int DP, int LD, typename T>
+__device__ __forceinline__ void table_products16(T* dst, T* dst_lo, int lp, const uint32_t (&a)[DP / 16][4],
+                                                 const T* table, int np0, int np1) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  for (int np = np0; np < np1; ++np) {
+    float c[2][4] = {};
+    mma_abt_pair<DP, LD>(c, a, table + np * 16 * LD, 0);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int col = np * 16 + nt * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(dst + g * lp + col) = pack2<T>(c[nt][0], c[nt][1]);
+      *reinterpret_cast<uint32_t*>(dst + (g + 8) * lp + col) = pack2<T>(c[nt][2], c[nt][3]);
+      *reinterpret_cast<uint32_t*>(dst_lo + g * lp + col) = pack2_residual<T>(c[nt][0], c[nt][1]);
+      *reinterpret_cast<uint32_t*>(dst_lo + (g + 8) * lp + col) = pack2_residual<T>(c[nt][2], c[nt][3]);
+    }
+  }
+}
+
+// One-hot coordinates as mma operands. Cell coordinates inside [0, kOneHot) (quantised_coords of a window with
+// at most 32 cells a side) make a pair's table terms products: with E[j][32·a + u] = [c_j,a = u],
+// Σ_a q_i·Tq[rel_a(i,j)] = Σ_m Q̃[i][m]·E[j][m] (Q̃[i][32·a + u] = q_i·Tq[clamp(c_i,a − u + s)]) and
+// Σ_a k_j·Tk[rel_a(i,j)] = Σ_m E[i][m]·K̃[j][m] (K̃[j][32·a + u] = k_j·Tk[clamp(u − c_j,a + s)]); reductions of
+// kOneHotK = 96 on the tensor cores instead of gathers per pair.
+constexpr int kOneHot = 32;
+constexpr int kOneHotK = 3 * kOneHot;
+constexpr int kOneHotLd = kOneHotK + 8;  // 16-bit row pitch of K̃: ldmatrix without bank conflicts
+
+template <typename T>
+__device__ __forceinline__ constexpr uint32_t one_bits() {
+  return std::is_same_v<T, __half> ? 0x3C00u : 0x3F80u;
+}
+// The pair ([c0 == u], [c1 == u]) as two T, c0 in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t onehot2(int c0, int c1, int u) {
+  return (c0 == u ? one_bits<T>() : 0u) | (c1 == u ? one_bits<T>() << 16 : 0u);
+}
+// A fragment of k-step kk (columns [16·kk, 16·kk + 16) of E) of rows g (coordinates c0) and g+8 (c1).
+template <typename T>
+__device__ __forceinline__ void onehot_a(uint32_t (&e)[4], const int (&c0)[3], const int (&c1)[3], int kk) {
+  const int col = kk >> 1, u = (kk & 1) * 16 + 2 * (threadIdx.x & 3);
+  e[0] = onehot2<T>(c0[col], c0[col] - 1, u);
+  e[1] = onehot2<T>(c1[col], c1[col] - 1, u);
+  e[2] = onehot2<T>(c0[col], c0[col] - 1, u + 8);
+  e[3] = onehot2<T>(c1[col], c1[col] - 1, u + 8);
+}
+// B fragment of k-step kk of Eᵀ for the key with coordinates c (n = g): entries k = 2t, 2t+1 and 8+2t, 9+2t.
+template <typename T>
+__device__ __forceinline__ void onehot_b(uint32_t& b0, uint32_t& b1, const int* c, int kk) {
+  const int col = kk >> 1, u = (kk & 1) * 16 + 2 * (threadIdx.x & 3);
+  b0 = onehot2<T>(c[col], c[col] - 1, u);
+  b1 = onehot2<T>(c[col], c[col] - 1, u + 8);
+}
+
 // A fragment of columns [16·kk, 16·kk + 16) of 16 fp32 rows (pitch lp) in shared memory, row g scaled by
 // f0 and row g+8 by f1, rounded to T.
 template <typename T>

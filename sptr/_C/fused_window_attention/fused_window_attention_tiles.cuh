@@ -101,6 +101,9 @@ struct Args {
   A *lse, *delta, *dtq, *dtk, *dtv;
   const A* lse_in;
   const int2* bounds;  // [lo, hi) of each token's window
+  // Device flag of the cubic-table forward: 1 while every coordinate lies inside the one-hot range (then
+  // fwd_onehot_kernel does the work and the gather kernel returns at once), 0 otherwise; null without it.
+  const int* onehot;
   int* tile_counter;   // per head, for dynamic tile scheduling
   int N, H, d, L3, L3p;
   A scale;

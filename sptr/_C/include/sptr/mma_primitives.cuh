@@ -77,5 +77,21 @@ __device__ __forceinline__ uint32_t pack2(float x, float y) {
   return r;
 }
 
+// What pack2 drops: x − T(x) and y − T(y), rounded to T. pack2 + pack2_residual carry about twice T's
+// mantissa bits into an mma (with an exact second operand, such as a one-hot matrix).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2_residual(float x, float y) {
+  const uint32_t hi = pack2<T>(x, y);
+  float hx, hy;
+  if constexpr (std::is_same_v<T, __half>) {
+    const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+    hx = h.x, hy = h.y;
+  } else {
+    const float2 h = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi));
+    hx = h.x, hy = h.y;
+  }
+  return pack2<T>(x - hx, y - hy);
+}
+
 }  // namespace mma
 }  // namespace sptr
