@@ -33,9 +33,15 @@ CASES = {
 }
 
 
+# The CUTLASS tile configurations (SPTR_SM90_GEMM_TILE, moe_gemm_sm90.h); the default is 128x256.
+TILES = ["128x256", "128x128", "pingpong"]
+
+
+@pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("case", list(CASES))
-def test_grouped_linear_forward_and_backward(dtype, case):
+def test_grouped_linear_forward_and_backward(dtype, case, tile, monkeypatch):
+    monkeypatch.setenv("SPTR_SM90_GEMM_TILE", tile)
     torch.manual_seed(0)
     counts, shapes, P, ldx, ldw = CASES[case]
     kx = max(k for _, k in shapes)
@@ -95,3 +101,12 @@ def test_grouped_linear_in_cuda_graph_follows_new_offsets():
     torch.cuda.synchronize()
     assert torch.equal(out, moe.grouped_linear(x, w, off))
     assert not out[450:].any()
+
+
+@pytest.mark.skipif(not uses_cutlass(), reason="the CUTLASS path runs on compute capability 9.0 with sm_90a builds")
+def test_unknown_tile_configuration_raises(monkeypatch):
+    monkeypatch.setenv("SPTR_SM90_GEMM_TILE", "256x256")
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+    w = [torch.randn(16, 64, device="cuda", dtype=torch.bfloat16)]
+    with pytest.raises(ValueError, match="SPTR_SM90_GEMM_TILE must be 128x256, 128x128 or pingpong"):
+        moe.grouped_linear(x, w, torch.tensor([0, 32], device="cuda"))

@@ -1,9 +1,9 @@
 // The CUTLASS side of moe_gemm_sm90.h: one kernel type per (layout, dtype), instantiated in its own
 // translation unit (moe_gemm_sm90_<layout>.cu) so that the build compiles them in parallel.
 //
-// Kernel: 128x256x64 tiles, 2x1 clusters (TMA multicast of B), two consumer warpgroups (cooperative), the
-// pipeline depth that fills the rest of shared memory; a persistent grid of one CTA per SM walks the tiles
-// of all problems. The problem list lives in device memory and is written by setup_kernel from the group
+// Kernel (Tile, moe_gemm_sm90.h): by default 128x256x64 tiles, 2x1 clusters (TMA multicast of B), two consumer
+// warpgroups (cooperative), the pipeline depth that fills the rest of shared memory; a persistent grid of one
+// CTA per SM walks the tiles of all problems. The problem list lives in device memory and is written by setup_kernel from the group
 // offsets, so the host never learns the groups' sizes.
 #pragma once
 // Without NDEBUG, device asserts are function calls inside the mainloop and ptxas serialises the wgmma pipeline
@@ -48,7 +48,29 @@ struct OperandLayouts<Layout::kNT> {
   using B = cutlass::layout::RowMajor;
 };
 
-template <Layout L, class Element>
+template <Tile C>
+struct TileConfig {  // Tile::k128x256
+  using Shape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+template <>
+struct TileConfig<Tile::k128x128> {
+  using Shape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+template <>
+struct TileConfig<Tile::kPingpong> {
+  using Shape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
+template <Layout L, class Element, Tile C>
 struct GroupedGemm {
   using LayoutA = typename OperandLayouts<L>::A;
   using LayoutB = typename OperandLayouts<L>::B;
@@ -56,13 +78,13 @@ struct GroupedGemm {
   static constexpr int kAlign = 16 / sizeof(Element);  // 16-byte TMA alignment
 
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using TileShape = typename TileConfig<C>::Shape;
+  using ClusterShape = typename TileConfig<C>::Cluster;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlign, Element, LayoutD*, kAlign,
-      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      typename TileConfig<C>::EpilogueSchedule,
       cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -70,7 +92,7 @@ struct GroupedGemm {
       TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename TileConfig<C>::Schedule>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -149,9 +171,9 @@ __global__ void setup_kernel(SetupParams P, DeviceArrays<G, Element> out) {
 
 inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-template <Layout L, class Element>
+template <Layout L, class Element, Tile C>
 void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at::Tensor& offsets, int64_t range_end) {
-  using G = GroupedGemm<L, Element>;
+  using G = GroupedGemm<L, Element, C>;
   const int device = at::cuda::current_device();
   auto stream = at::cuda::getCurrentCUDAStream();
   const auto bytes = at::TensorOptions(at::kByte).device(at::kCUDA, device);
@@ -211,14 +233,14 @@ void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The entry of one layout's translation unit: fp16 and bf16.
-template <Layout L>
+// Declared in moe_gemm_sm90.h; each translation unit instantiates one (layout, tile) pair, fp16 and bf16.
+template <Layout L, Tile C>
 void run_layout(at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem>& problems,
                 const at::Tensor& offsets, int64_t range_end) {
   if (dtype == at::kHalf) {
-    run_grouped<L, cutlass::half_t>(dynamic, problems, offsets, range_end);
+    run_grouped<L, cutlass::half_t, C>(dynamic, problems, offsets, range_end);
   } else {
-    run_grouped<L, cutlass::bfloat16_t>(dynamic, problems, offsets, range_end);
+    run_grouped<L, cutlass::bfloat16_t, C>(dynamic, problems, offsets, range_end);
   }
 }
 

@@ -1,11 +1,9 @@
-// The sm90 grouped GEMM of layout kNN (see moe_gemm_sm90.h), in its own translation unit for a parallel build.
+// The sm90 grouped GEMM of layout kNN, tile k128x256 (moe_gemm_sm90.h), in its own translation unit.
 #ifdef SPTR_WITH_SM90A
 #include "moe_gemm_sm90.cuh"  // first: it sets NDEBUG for the whole unit
 
 namespace sptr::sm90 {
-void run_nn(at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem>& problems, const at::Tensor& offsets,
-            int64_t range_end) {
-  run_layout<Layout::kNN>(dtype, dynamic, problems, offsets, range_end);
-}
+template void run_layout<Layout::kNN, Tile::k128x256>(at::ScalarType, Dynamic, const std::vector<Problem>&,
+                                                     const at::Tensor&, int64_t);
 }  // namespace sptr::sm90
 #endif
