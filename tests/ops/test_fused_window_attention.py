@@ -332,10 +332,11 @@ def test_cuda_head_dim_limit_is_an_error():
 
 
 @pytest.mark.parametrize("device", device_params())
-def test_unchecked_bad_coords_stay_in_bounds(device):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # fp16: the one-hot kernel's range flag
+def test_unchecked_bad_coords_stay_in_bounds(device, dtype):
     """Without the value checks, coordinates out of range are clamped in the kernel, never read past the
     tables (the result is unspecified but finite)."""
-    q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, torch.float32, device, ("query", "key", "value"))
+    q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, dtype, device, ("query", "key", "value"))
     wild = RelativePosition(rel_pos.coords * 1000 - 7, rel_pos.rel_shift, *rel_pos.tables())
     with data_checks(False):
         out = window_attention(q, k, v, offsets, rel_pos=wild)
