@@ -48,27 +48,27 @@ struct OperandLayouts<Layout::kNT> {
   using B = cutlass::layout::RowMajor;
 };
 
+// A tile configuration: 128 x N x 64 tiles, clusters of ClusterM x 1, the kernel's and epilogue's schedules.
+template <int N, int ClusterM, class KernelSchedule, class EpilogueSchedule_>
+struct TileShapes {
+  using Shape = cute::Shape<cute::_128, cute::Int<N>, cute::_64>;
+  using Cluster = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
+  using Schedule = KernelSchedule;
+  using EpilogueSchedule = EpilogueSchedule_;
+};
+using Cooperative = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+using CooperativeEpilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+
 template <Tile C>
-struct TileConfig {  // Tile::k128x256
-  using Shape = cute::Shape<cute::_128, cute::_256, cute::_64>;
-  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
+struct TileConfig;
 template <>
-struct TileConfig<Tile::k128x128> {
-  using Shape = cute::Shape<cute::_128, cute::_128, cute::_64>;
-  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
+struct TileConfig<Tile::k128x256> : TileShapes<256, 2, Cooperative, CooperativeEpilogue> {};
 template <>
-struct TileConfig<Tile::kPingpong> {
-  using Shape = cute::Shape<cute::_128, cute::_128, cute::_64>;
-  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-};
+struct TileConfig<Tile::k128x128> : TileShapes<128, 1, Cooperative, CooperativeEpilogue> {};
+template <>
+struct TileConfig<Tile::kPingpong>
+    : TileShapes<128, 1, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                 cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong> {};
 
 template <Layout L, class Element, Tile C>
 struct GroupedGemm {
@@ -245,3 +245,10 @@ void run_layout(at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem
 }
 
 }  // namespace sptr::sm90
+
+// The explicit instantiation of run_layout<Layout::L, Tile::C> that a translation unit holds.
+#define SPTR_SM90_INSTANTIATE(L, C)                                                                          \
+  namespace sptr::sm90 {                                                                                     \
+  template void run_layout<Layout::L, Tile::C>(at::ScalarType, Dynamic, const std::vector<Problem>&,         \
+                                               const at::Tensor&, int64_t);                                  \
+  }

@@ -2,8 +2,5 @@
 #ifdef SPTR_WITH_SM90A
 #include "moe_gemm_sm90.cuh"  // first: it sets NDEBUG for the whole unit
 
-namespace sptr::sm90 {
-template void run_layout<Layout::kNN, Tile::k128x128>(at::ScalarType, Dynamic, const std::vector<Problem>&,
-                                                     const at::Tensor&, int64_t);
-}  // namespace sptr::sm90
+SPTR_SM90_INSTANTIATE(kNN, k128x128)
 #endif
