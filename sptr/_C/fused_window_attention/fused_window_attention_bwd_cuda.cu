@@ -355,30 +355,6 @@ __device__ void block_products(float* dst, int lp, const T* rows_tile, const T* 
   table_products<DP, LD>(dst + rg * 16 * lp, lp, f, table, part * npairs / PARTS, (part + 1) * npairs / PARTS);
 }
 
-// Coordinates and radii of the other side's block rows [r0, r0 + n) into buffer buf.
-template <typename T, typename S>
-__device__ void async_coords(const S& sm, const Args<T>& a, int buf, int r0, int n) {
-  constexpr int BN = S::BN;
-  for (int i = threadIdx.x; i < BN; i += mma::kThreads) {
-    const bool ok = i < n;
-    const int j = ok ? r0 + i : 0;
-    for (int c = 0; c < 3; ++c) mma::cp_async_4(sm.oc + (buf * BN + i) * 3 + c, a.rel.coords + (int64_t)j * 3 + c, ok);
-    if (a.rel.radius) mma::cp_async_4(sm.orad + buf * BN + i, a.rel.radius + j, ok);
-  }
-}
-
-// Coordinates and radii of the thread's own rows g and g+8 (from w0).
-template <typename T>
-__device__ void own_coords(const Args<T>& a, int w0, int (&c)[2][3], float (&r)[2]) {
-  const int g = (threadIdx.x & 31) >> 2;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = w0 + g + 8 * i;
-    for (int k = 0; k < 3; ++k) c[i][k] = row < a.N ? a.rel.coords[(int64_t)row * 3 + k] : 0;
-    r[i] = (a.rel.radius && row < a.N) ? a.rel.radius[row] : 0.f;
-  }
-}
-
 // The work items of the backward CTAs: (64-row tile, head) pairs, heads adjacent. Without tables one CTA an
 // item; with tables the grid is persistent (each CTA owns a slot of the table-gradient partials) and takes
 // items round-robin, so the partial sums, and the result, are the same run to run.
@@ -401,16 +377,13 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
   const Smem sm(bump, a);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   for (int item = blockIdx.x; item < num_items(a); item += gridDim.x) {
-    const int h = item % a.H, r0 = (item / a.H) * kRows;
-    const int nrows = min(kRows, a.N - r0);
-    const int kbeg = a.bounds[r0].x, kend = a.bounds[r0 + nrows - 1].y;
-    const int w0 = r0 + warp * 16;
-    const bool active = w0 < a.N;
-    const int2 wrange = active ? make_int2(a.bounds[w0].x, a.bounds[min(w0 + 15, a.N - 1)].y) : make_int2(0, 0);
-    const int2 win0 = row_bounds(a.bounds, a.N, w0 + g), win1 = row_bounds(a.bounds, a.N, w0 + g + 8);
+    const WarpItem it(a.bounds, a.N, a.H, item);
+    const int h = it.h, r0 = it.r0, nrows = it.n, kbeg = it.lo, kend = it.hi, w0 = it.w0;
+    const bool active = it.active;
+    const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1;
     float lse2[2], dl[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -424,7 +397,7 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
     float *qt_row[2] = {}, *gt_row[2] = {}, *hq_row[2] = {}, *hv_row[2] = {};
     if constexpr (REL) {
       stage_own<DP>(sm, a, a.q, a.dout, r0, nrows, h, qf, gf);
-      own_coords(a, w0, cq, rq);
+      own_coords(a, w0, cq, &rq);
       const int own = warp * 16 * sm.lp;
       if (a.tq) table_products<DP, LD>(sm.own_p1 + own, sm.lp, qf, sm.tq, 0, a.L3p / 16);
       if (a.tv) table_products<DP, LD>(sm.own_p2 + own, sm.lp, gf, sm.tv, 0, a.L3p / 16);
@@ -451,7 +424,7 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
       const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
       async_block<DP, LD, BN, kThreads>(sm.X + buf * BN * LD, a.k, a.H, c0, n, h);
       async_block<DP, LD, BN, kThreads>(sm.Y + buf * BN * LD, a.v, a.H, c0, n, h);
-      if constexpr (REL) async_coords(sm, a, buf, c0, n);
+      if constexpr (REL) async_coords<BN>(sm.oc + buf * BN * 3, sm.orad + buf * BN, a, c0, n);
       cp_async_commit();
     };
     double_buffered(nblocks, load, [&](int blk) {
@@ -535,24 +508,21 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
   const Smem sm(bump, a);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   for (int item = blockIdx.x; item < num_items(a); item += gridDim.x) {
-    const int h = item % a.H, c0 = (item / a.H) * kRows;
-    const int nkeys = min(kRows, a.N - c0);
-    const int qbeg = a.bounds[c0].x, qend = a.bounds[c0 + nkeys - 1].y;
-    const int w0 = c0 + warp * 16;
-    const bool active = w0 < a.N;
     // A query attends to a key exactly when they share a window, so the key's window bounds its queries.
-    const int2 wrange = active ? make_int2(a.bounds[w0].x, a.bounds[min(w0 + 15, a.N - 1)].y) : make_int2(0, 0);
-    const int2 win0 = row_bounds(a.bounds, a.N, w0 + g), win1 = row_bounds(a.bounds, a.N, w0 + g + 8);
+    const WarpItem it(a.bounds, a.N, a.H, item);
+    const int h = it.h, c0 = it.r0, nkeys = it.n, qbeg = it.lo, qend = it.hi, w0 = it.w0;
+    const bool active = it.active;
+    const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1;
     uint32_t kf[DP / 16][4], vf[DP / 16][4];
     int ck[2][3] = {};
     float rk[2] = {0.f, 0.f};
     float *kt_row[2] = {}, *hk_row[2] = {};
     if constexpr (REL) {
       stage_own<DP>(sm, a, a.k, a.v, c0, nkeys, h, kf, vf);
-      own_coords(a, w0, ck, rk);
+      own_coords(a, w0, ck, &rk);
       const int own = warp * 16 * sm.lp;
       if (a.tk) {
         table_products<DP, LD>(sm.own_p1 + own, sm.lp, kf, sm.tk, 0, a.L3p / 16);
@@ -580,7 +550,7 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
         cp_async_4(sm.lse + buf * BQ + i, a.lse_in + at, ok);
         cp_async_4(sm.delta + buf * BQ + i, a.delta + at, ok);
       }
-      if constexpr (REL) async_coords(sm, a, buf, q0, n);
+      if constexpr (REL) async_coords<BQ>(sm.oc + buf * BQ * 3, sm.orad + buf * BQ, a, q0, n);
       cp_async_commit();
     };
     double_buffered(nblocks, load, [&](int blk) {

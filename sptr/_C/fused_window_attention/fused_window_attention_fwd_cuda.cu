@@ -158,15 +158,10 @@ __device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<
   using Smem = MmaFwdSmem<DP, T, REL>;
   constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int h = item % a.H, r0 = (item / a.H) * kRows;
-  const int nrows = min(kRows, a.N - r0);
-  const int kbeg = a.bounds[r0].x, kend = a.bounds[r0 + nrows - 1].y;
-  const int w0 = r0 + warp * 16;
-  const bool active = w0 < a.N;
-  const int2 wrange = active ? make_int2(a.bounds[w0].x, a.bounds[min(w0 + 15, a.N - 1)].y) : make_int2(0, 0);
-  const int2 win0 = row_bounds(a.bounds, a.N, w0 + g), win1 = row_bounds(a.bounds, a.N, w0 + g + 8);
-  // The window of all 16 rows of the warp if they share one (key groups inside it need no mask), else empty.
-  const int2 wshared = active && w0 + 15 < a.N && a.bounds[w0 + 15].x == wrange.x ? wrange : make_int2(0, 0);
+  const WarpItem it(a.bounds, a.N, a.H, item);
+  const int h = it.h, kbeg = it.lo, kend = it.hi, w0 = it.w0;
+  const bool active = it.active;
+  const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1, wshared = it.shared_window(a.bounds, a.N);
   uint32_t qf[DP / 16][4];
   load_a_rows<DP>(qf, a.q, a.N, a.H, w0, h);
   const float sl2 = static_cast<float>(a.scale) * kLog2e;  // logits in log2 units: exp2 instead of exp
@@ -175,11 +170,9 @@ __device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<
   float rq[2] = {0.f, 0.f};
   float *qt_row[2] = {nullptr, nullptr}, *hv_row[2] = {nullptr, nullptr};
   if constexpr (REL) {
+    own_coords(a, w0, cq, &rq);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int row = w0 + g + 8 * i;
-      for (int c = 0; c < 3; ++c) cq[i][c] = row < a.N ? a.rel.coords[(int64_t)row * 3 + c] : 0;
-      if (a.rel.radius && row < a.N) rq[i] = a.rel.radius[row];
       if (a.tq) qt_row[i] = sm.qt + (warp * 16 + g + 8 * i) * sm.lp;
       if (a.tv) hv_row[i] = sm.hv + (warp * 16 + g + 8 * i) * sm.lp;
     }
@@ -206,14 +199,7 @@ __device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<
     const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
     async_block<DP, LD, BN, kThreads>(sm.K + buf * BN * LD, a.k, a.H, c0, n, h);
     async_block<DP, LD, BN, kThreads>(sm.V + buf * BN * LD, a.v, a.H, c0, n, h);
-    if constexpr (REL) {
-      for (int i = threadIdx.x; i < BN; i += kThreads) {
-        const bool ok = i < n;
-        const int j = ok ? c0 + i : 0;
-        for (int c = 0; c < 3; ++c) cp_async_4(sm.kc + (buf * BN + i) * 3 + c, a.rel.coords + (int64_t)j * 3 + c, ok);
-        if (a.rel.radius) cp_async_4(sm.kr + buf * BN + i, a.rel.radius + j, ok);
-      }
-    }
+    if constexpr (REL) async_coords<BN>(sm.kc + buf * BN * 3, sm.kr + buf * BN, a, c0, n);
     cp_async_commit();
   };
   double_buffered(nblocks, load, [&](int blk) {
@@ -274,35 +260,16 @@ __device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<
           }
         }
       }
-      float ref[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        mx[i] = quad_max(mx[i]);
-        ref[i] = mx[i] == -INFINITY ? 0.f : mx[i];  // a row with nothing valid yet keeps p = 0, no NaN
-        const float alpha = fast_exp2(m[i] - ref[i]);
-        m[i] = mx[i];
-        l[i] *= alpha;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          o[dt][2 * i] *= alpha;
-          o[dt][2 * i + 1] *= alpha;
-        }
-        if constexpr (REL) {
-          if (a.tv && alpha != 1.f)  // quad-uniform: the quad rescales its row's histogram
-            for (int c = t; c < a.L3p; c += 4) hv_row[i][c] *= alpha;
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if (!live[nt / 2]) continue;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] = fast_exp2(s[nt][e] - ref[e >> 1]);
-          l[e >> 1] += s[nt][e];
-        }
-      }
+      float alpha[2];
+      online_softmax<DT, NT>(s, live, mx, m, l, o, alpha);
       if constexpr (REL) {
-        if (a.tv) quad_hist_add(hv_row[0], hv_row[1], rows, s);
+        if (a.tv) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            if (alpha[i] != 1.f)  // quad-uniform: the quad rescales its row's histogram
+              for (int c = t; c < a.L3p; c += 4) hv_row[i][c] *= alpha[i];
+          quad_hist_add(hv_row[0], hv_row[1], rows, s);
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < NT / 2; ++kk) {
@@ -314,11 +281,7 @@ __device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<
     }
   });
   float inv[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] = quad_sum(l[i]);
-    inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
-  }
+  row_inverse(l, inv);
   if constexpr (REL) {
     if (a.tv) {  // out = (P·V + Hv·Tv) / l, Hv normalised before its rounding to T
       async_rows<DP, LD, kThreads>(sm.table, a.tv, a.H, 0, a.L3, a.L3p, h);
@@ -338,14 +301,7 @@ __device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<
       inv[0] = inv[1] = 1.f;
     }
   }
-  if (!active) return;
-  store_c_rows<DP>(a.o, o, a.N, a.H, w0, h, inv[0], inv[1]);
-  if (t == 0)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = w0 + g + 8 * i;
-      if (row < a.N) a.lse[(int64_t)row * a.H + h] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2 : 0.f;
-    }
+  if (active) store_out_and_lse<DP>(a, o, w0, h, inv, m, l);
 }
 
 // One CTA per (64-row tile, head) item; a smaller grid walks the items (the fallback of the one-hot kernel,
@@ -416,25 +372,16 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
   Bump bump(smem);
   const Smem sm(bump, a);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int h = blockIdx.x % a.H, r0 = (blockIdx.x / a.H) * kRows;
-  const int nrows = min(kRows, a.N - r0);
-  const int kbeg = a.bounds[r0].x, kend = a.bounds[r0 + nrows - 1].y;
-  const int w0 = r0 + warp * 16;
-  const bool active = w0 < a.N;
-  const int2 wrange = active ? make_int2(a.bounds[w0].x, a.bounds[min(w0 + 15, a.N - 1)].y) : make_int2(0, 0);
-  const int2 win0 = row_bounds(a.bounds, a.N, w0 + g), win1 = row_bounds(a.bounds, a.N, w0 + g + 8);
-  const int2 wshared = active && w0 + 15 < a.N && a.bounds[w0 + 15].x == wrange.x ? wrange : make_int2(0, 0);
+  const WarpItem it(a.bounds, a.N, a.H, blockIdx.x);
+  const int h = it.h, kbeg = it.lo, kend = it.hi, w0 = it.w0;
+  const bool active = it.active;
+  const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1, wshared = it.shared_window(a.bounds, a.N);
   const int L = a.rel.L, shift = a.rel.rel_shift;
   uint32_t qf[DP / 16][4];
   load_a_rows<DP>(qf, a.q, a.N, a.H, w0, h);
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   int cq[2][3];  // coordinates of the thread's rows g and g+8 (0 past N: in range, never stored)
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int row = w0 + g + 8 * i;
-#pragma unroll
-    for (int c = 0; c < 3; ++c) cq[i][c] = row < a.N ? a.rel.coords[(int64_t)row * 3 + c] : 0;
-  }
+  own_coords(a, w0, cq);
   // Q̃ of the warp's rows as A fragments (hi and lo planes), from the tile's q·Tq products.
   uint32_t qtil[2][KK][4] = {};
   if (a.tq) {
@@ -475,11 +422,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
     const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
     async_block<DP, LD, BN, kThreads>(sm.K + buf * BN * LD, a.k, a.H, c0, n, h);
     async_block<DP, LD, BN, kThreads>(sm.V + buf * BN * LD, a.v, a.H, c0, n, h);
-    for (int i = threadIdx.x; i < BN; i += kThreads) {
-      const bool ok = i < n;
-      const int j = ok ? c0 + i : 0;
-      for (int c = 0; c < 3; ++c) cp_async_4(sm.kc + (buf * BN + i) * 3 + c, a.rel.coords + (int64_t)j * 3 + c, ok);
-    }
+    async_coords<BN>(sm.kc + buf * BN * 3, nullptr, a, c0, n);  // no radial bins on this path
     cp_async_commit();
   };
   double_buffered(nblocks, load, [&](int blk) {
@@ -561,35 +504,13 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
           }
         }
       }
-      float ref[2];
+      float alpha[2];
+      online_softmax<DT, NT>(s, live, mx, m, l, o, alpha);
+      if (a.tv)
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        mx[i] = quad_max(mx[i]);
-        ref[i] = mx[i] == -INFINITY ? 0.f : mx[i];
-        const float alpha = fast_exp2(m[i] - ref[i]);
-        m[i] = mx[i];
-        l[i] *= alpha;
+        for (int x = 0; x < 3 * kOneHot / 8; ++x)
 #pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          o[dt][2 * i] *= alpha;
-          o[dt][2 * i + 1] *= alpha;
-        }
-        if (a.tv)
-#pragma unroll
-          for (int x = 0; x < 3 * kOneHot / 8; ++x) {
-            gv[x][2 * i] *= alpha;
-            gv[x][2 * i + 1] *= alpha;
-          }
-      }
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        if (!live[nt / 2]) continue;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] = fast_exp2(s[nt][e] - ref[e >> 1]);
-          l[e >> 1] += s[nt][e];
-        }
-      }
+          for (int e = 0; e < 4; ++e) gv[x][e] *= alpha[e >> 1];
 #pragma unroll
       for (int kk = 0; kk < NT / 2; ++kk) {
         if (!live[kk]) continue;
@@ -613,11 +534,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
     }
   });
   float inv[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l[i] = quad_sum(l[i]);
-    inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
-  }
+  row_inverse(l, inv);
   if (a.tv) {  // out = (P·V + H·Tv) / l, H from G normalised before its rounding to T
     __syncthreads();  // every warp has left the loop: its buffers become the histogram
     async_rows<DP, LD, kThreads>(sm.table, a.tv, a.H, 0, a.L3, a.L3p, h);
@@ -667,14 +584,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
       }
     inv[0] = inv[1] = 1.f;
   }
-  if (!active) return;
-  store_c_rows<DP>(a.o, o, a.N, a.H, w0, h, inv[0], inv[1]);
-  if (t == 0)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = w0 + g + 8 * i;
-      if (row < a.N) a.lse[(int64_t)row * a.H + h] = l[i] > 0.f ? (m[i] + log2f(l[i])) * kLn2 : 0.f;
-    }
+  if (active) store_out_and_lse<DP>(a, o, w0, h, inv, m, l);
 }
 
 // 0 in *flag if a coordinate lies outside [0, kOneHot) (the flag starts at 1).

@@ -261,6 +261,72 @@ __device__ __forceinline__ int2 row_bounds(const int2* bounds, int N, int i) {
   return i < N ? bounds[i] : make_int2(0, 0);
 }
 
+// Work item `item` of the mma kernels ((64-row tile, head) pairs, heads adjacent) as this warp sees it: the
+// tile's rows [r0, r0 + n) and the span [lo, hi) of the other side that their windows cover; the warp's 16
+// rows from w0 (none past N: !active), the span of their windows (wrange) and the windows of the thread's
+// rows g and g+8 (win0, win1).
+struct WarpItem {
+  int h, r0, n, lo, hi, w0;
+  bool active;
+  int2 wrange, win0, win1;
+  __device__ __forceinline__ WarpItem(const int2* bounds, int N, int H, int item) {
+    const int g = (threadIdx.x & 31) >> 2;
+    h = item % H, r0 = (item / H) * kRows;
+    n = min(kRows, N - r0);
+    lo = bounds[r0].x, hi = bounds[r0 + n - 1].y;
+    w0 = r0 + (threadIdx.x >> 5) * 16;
+    active = w0 < N;
+    wrange = active ? make_int2(bounds[w0].x, bounds[min(w0 + 15, N - 1)].y) : make_int2(0, 0);
+    win0 = row_bounds(bounds, N, w0 + g), win1 = row_bounds(bounds, N, w0 + g + 8);
+  }
+  // The window of all 16 rows of the warp if they share one (key groups inside it need no mask), else empty.
+  __device__ __forceinline__ int2 shared_window(const int2* bounds, int N) const {
+    return active && w0 + 15 < N && bounds[w0 + 15].x == wrange.x ? wrange : make_int2(0, 0);
+  }
+};
+
+// The softmax sums of the thread's rows g and g+8 (per-thread partial sums in l) over their quads, and their
+// inverses (0 for a row with nothing in its window).
+__device__ __forceinline__ void row_inverse(float (&l)[2], float (&inv)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l[i] = quad_sum(l[i]);
+    inv[i] = l[i] > 0.f ? 1.f / l[i] : 0.f;
+  }
+}
+
+// One block of the forward's online softmax: the new row maxima from the block's logits (mx: per-thread
+// maxima including the old m, log2 units), the factor alpha by which the rows' earlier sums l and outputs o
+// shrink (the caller rescales whatever else it accumulates by it), and s becomes P = 2^(s − max) in the live
+// 16-column groups, into l.
+template <int DT, int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], const bool (&live)[NT / 2], float (&mx)[2],
+                                               float (&m)[2], float (&l)[2], float (&o)[DT][4], float (&alpha)[2]) {
+  float ref[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    mx[i] = quad_max(mx[i]);
+    ref[i] = mx[i] == -INFINITY ? 0.f : mx[i];  // a row with nothing valid yet keeps p = 0, no NaN
+    alpha[i] = fast_exp2(m[i] - ref[i]);
+    m[i] = mx[i];
+    l[i] *= alpha[i];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      o[dt][2 * i] *= alpha[i];
+      o[dt][2 * i + 1] *= alpha[i];
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    if (!live[nt / 2]) continue;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s[nt][e] = fast_exp2(s[nt][e] - ref[e >> 1]);
+      l[e >> 1] += s[nt][e];
+    }
+  }
+}
+
 // Whether the 16 columns from c0 touch [range.x, range.y) (warp-uniform: skips products that are all masked).
 __device__ __forceinline__ bool overlaps16(int c0, int2 range) { return c0 < range.y && c0 + 16 > range.x; }
 

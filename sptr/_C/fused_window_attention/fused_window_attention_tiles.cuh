@@ -128,6 +128,45 @@ struct Bump {
   __host__ __device__ U* take_if(bool cond, size_t n) { return cond ? take<U>(n) : nullptr; }
 };
 
+// Coordinates of the thread's own rows g and g+8 from w0 (0 past N) and, with `radius`, their radii.
+template <typename T>
+__device__ __forceinline__ void own_coords(const Args<T>& a, int w0, int (&c)[2][3], float (*radius)[2] = nullptr) {
+  const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = w0 + g + 8 * i;
+    for (int k = 0; k < 3; ++k) c[i][k] = row < a.N ? a.rel.coords[(int64_t)row * 3 + k] : 0;
+    if (radius) (*radius)[i] = (a.rel.radius && row < a.N) ? a.rel.radius[row] : 0.f;
+  }
+}
+
+// cp.async of the coordinates of block rows [r0, r0 + n) into `coords` ([BN][3]) and, when the tables have
+// radial bins, their radii into `radius` ([BN]); rows past n are zero-filled.
+template <int BN, typename T>
+__device__ __forceinline__ void async_coords(int* coords, float* radius, const Args<T>& a, int r0, int n) {
+  for (int i = threadIdx.x; i < BN; i += mma::kThreads) {
+    const bool ok = i < n;
+    const int j = ok ? r0 + i : 0;
+    for (int c = 0; c < 3; ++c) mma::cp_async_4(coords + i * 3 + c, a.rel.coords + (int64_t)j * 3 + c, ok);
+    if (a.rel.radius) mma::cp_async_4(radius + i, a.rel.radius + j, ok);
+  }
+}
+
+// The forward's end for the warp's 16 rows from w0 of head h: out = o · inv per row, and the rows'
+// log-sum-exp (m in log2 units, l the row sums; 0 for a row with nothing in its window).
+template <int DP, typename T>
+__device__ __forceinline__ void store_out_and_lse(const Args<T>& a, const float (&o)[DP / 8][4], int w0, int h,
+                                                  const float (&inv)[2], const float (&m)[2], const float (&l)[2]) {
+  mma::store_c_rows<DP>(a.o, o, a.N, a.H, w0, h, inv[0], inv[1]);
+  if ((threadIdx.x & 3) != 0) return;
+  const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = w0 + g + 8 * i;
+    if (row < a.N) a.lse[(int64_t)row * a.H + h] = l[i] > 0.f ? (m[i] + log2f(l[i])) * mma::kLn2 : 0.f;
+  }
+}
+
 // Shared memory of one side (queries or keys) of a tile: window bounds, coordinates, radii.
 struct TokenInfo {
   int *lo, *hi, *coords;
