@@ -6,8 +6,7 @@
 2. asym_dual_gmm bf16 / fp16 at (m0, m1) in {(3000, 700), (16384, 2048), (64, 64), (1, 5000)}, k 2048 / 4096,
    n1 = k/2 and n0 = 4k/3 rounded up to a multiple of 8 (2736, 5464: the 16-byte rows TMA needs; bf16 also
    at the unrounded 2730 / 5461): sptr (auto dispatch), the sync-free grouped GEMM (device offsets, as the
-   layers use it: CUTLASS on sm_90a builds in each tile configuration of SPTR_SM90_GEMM_TILE, and the mma.sync
-   kernel it replaces there, SPTR_GROUPED_GEMM=mma),
+   layers use it: CUTLASS on sm_90a builds, and the mma.sync kernel it replaces there, SPTR_GROUPED_GEMM=mma),
    two cuBLAS torch.mm calls, and torch._grouped_mm with expert 1 padded to n0 (bf16 only), as TFLOP/s and
    the share of 790 TFLOP/s.
 3. DualExpertFFN forward+backward at T = 8192, H = 2048, intermediate (11008, 2048), 15 % action tokens,
@@ -76,24 +75,15 @@ def routing_rows():
     print(table(rows, ["op", "K", "impl", "eager µs", "graph µs", "GB/s", "of 4.3 TB/s"]))
 
 
-def with_env(name, value, fn):
-    """fn run with the environment variable name = value: SPTR_GROUPED_GEMM=mma (the mma.sync grouped kernel
-    where the CUTLASS one would run) or SPTR_SM90_GEMM_TILE (the CUTLASS kernel's tile configuration)."""
+def mma_kernel(fn):
+    """fn run with SPTR_GROUPED_GEMM=mma: the mma.sync grouped kernel where the CUTLASS one would run."""
     def run():
-        os.environ[name] = value
+        os.environ["SPTR_GROUPED_GEMM"] = "mma"
         try:
             return fn()
         finally:
-            del os.environ[name]
+            del os.environ["SPTR_GROUPED_GEMM"]
     return run
-
-
-def mma_kernel(fn):
-    return with_env("SPTR_GROUPED_GEMM", "mma", fn)
-
-
-# The CUTLASS tile configurations besides the default 128x256 (moe_gemm_sm90.h), as bench rows.
-SM90_TILES = ("128x128", "pingpong")
 
 
 def gemm_rows(dtypes):
@@ -116,9 +106,6 @@ def gemm_rows(dtypes):
                 impls = [
                     ("sptr asym_dual_gmm", lambda: moe.asym_dual_gmm(a0, a1, w0, w1)),
                     ("sptr grouped (no sync)", lambda: moe.grouped_linear(x, [wt0, wt1], off)),
-                    *[(f"sptr grouped, tile {t}", with_env("SPTR_SM90_GEMM_TILE", t,
-                                                            lambda: moe.grouped_linear(x, [wt0, wt1], off)))
-                      for t in SM90_TILES],
                     ("sptr grouped, mma.sync", mma_kernel(lambda: moe.grouped_linear(x, [wt0, wt1], off))),
                     ("2x cuBLAS torch.mm", lambda: (a0 @ w0, a1 @ w1)),
                 ]
@@ -156,12 +143,9 @@ def ffn_rows():
     flop = 3 * 2 * H * 3 * sum(int((index == e).sum()) * i for e, i in enumerate(inter))
     rows = []
     same = lambda f: f  # noqa: E731
-    tiles = [(f"sptr grouped, tile {t}", grouped, lambda f, t=t: with_env("SPTR_SM90_GEMM_TILE", t, f))
-             for t in SM90_TILES]
     impls = (("sptr DualExpertFFN, cuBLAS per expert (one sync)", fused, same),
              ("sptr DualExpertFFN, grouped (no sync)", grouped, same),
              ("sptr grouped, torch.compile(fullgraph)", torch.compile(grouped, fullgraph=True), same),
-             *tiles,
              ("sptr grouped, mma.sync kernel", grouped, mma_kernel),
              ("plain module", plain, same), ("plain, torch.compile", compiled, same))
     for name, m, wrap in impls:

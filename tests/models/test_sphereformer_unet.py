@@ -599,7 +599,7 @@ def test_ddp_example_reads_semantickitti_in_one_process(tmp_path):
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     losses = example.main(["--data-root", str(tmp_path / "kitti"), "--steps", "2", "--output",
-                           str(tmp_path / "ddp.pth"), "--amp", "none"])  # CPU: the small network by default
+                           str(tmp_path / "ddp.pth"), "--amp", "none", "--small"])  # on a GPU too
     assert len(losses) == 2 and all(np.isfinite(losses))
     assert load_pretrained(SphereFormerUNet(small_config()), str(tmp_path / "ddp.pth")) is not None
 

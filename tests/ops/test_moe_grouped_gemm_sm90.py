@@ -33,15 +33,9 @@ CASES = {
 }
 
 
-# The CUTLASS tile configurations (SPTR_SM90_GEMM_TILE, moe_gemm_sm90.h); the default is 128x256.
-TILES = ["128x256", "128x128", "pingpong"]
-
-
-@pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("case", list(CASES))
-def test_grouped_linear_forward_and_backward(dtype, case, tile, monkeypatch):
-    monkeypatch.setenv("SPTR_SM90_GEMM_TILE", tile)
+def test_grouped_linear_forward_and_backward(dtype, case):
     torch.manual_seed(0)
     counts, shapes, P, ldx, ldw = CASES[case]
     kx = max(k for _, k in shapes)
@@ -101,13 +95,3 @@ def test_grouped_linear_in_cuda_graph_follows_new_offsets():
     torch.cuda.synchronize()
     assert torch.equal(out, moe.grouped_linear(x, w, off))
     assert not out[450:].any()
-
-
-def test_unknown_tile_configuration_raises(monkeypatch):
-    if not uses_cutlass():
-        pytest.skip("the CUTLASS path runs on compute capability 9.0 with sm_90a builds")
-    monkeypatch.setenv("SPTR_SM90_GEMM_TILE", "256x256")
-    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
-    w = [torch.randn(16, 64, device="cuda", dtype=torch.bfloat16)]
-    with pytest.raises(ValueError, match="SPTR_SM90_GEMM_TILE must be 128x256, 128x128 or pingpong"):
-        moe.grouped_linear(x, w, torch.tensor([0, 32], device="cuda"))

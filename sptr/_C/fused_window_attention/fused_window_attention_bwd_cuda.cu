@@ -10,7 +10,7 @@
 
 #include <sptr/dispatch.h>
 
-#include "fused_window_attention_tiles.cuh"
+#include "fused_window_attention_bwd_onehot.cuh"
 
 namespace sptr {
 namespace {
@@ -355,11 +355,9 @@ __device__ void block_products(float* dst, int lp, const T* rows_tile, const T* 
   table_products<DP, LD>(dst + rg * 16 * lp, lp, f, table, part * npairs / PARTS, (part + 1) * npairs / PARTS);
 }
 
-// The work items of the backward CTAs: (64-row tile, head) pairs, heads adjacent. Without tables one CTA an
-// item; with tables the grid is persistent (each CTA owns a slot of the table-gradient partials) and takes
-// items round-robin, so the partial sums, and the result, are the same run to run.
-template <typename T>
-__device__ __forceinline__ int num_items(const Args<T>& a) { return (a.N + mma::kRows - 1) / mma::kRows * a.H; }
+// The work items of the backward CTAs (num_items): without tables one CTA an item; with tables the grid is
+// persistent (each CTA owns a slot of the table-gradient partials) and takes items round-robin, so the partial
+// sums, and the result, are the same run to run.
 
 // dq of 64 query rows of one head (16 per warp): per key block S = QKᵀ and dP = dO·Vᵀ, P from the saved lse,
 // dS = P∘(dP − delta), dq += dS·K; K/V blocks double-buffered in shared memory. REL: the logits get the
@@ -372,6 +370,7 @@ template <int DP, bool REL> constexpr int kDqMinBlocks = (!REL && DP <= 32) ? 4 
 template <int DP, typename T, bool REL>
 __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_mma_kernel(const Args<T> a) {
   using namespace mma;
+  if (REL && a.onehot != nullptr && *a.onehot) return;  // bwd_dq_onehot_kernel does the work
   using Smem = MmaDqSmem<DP, T, REL>;
   constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8;
   extern __shared__ __align__(128) char smem[];
@@ -503,6 +502,7 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
 template <int DP, typename T, bool REL>
 __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T> a) {
   using namespace mma;
+  if (REL && a.onehot != nullptr && *a.onehot) return;  // bwd_dkv_onehot_kernel does the work
   using Smem = MmaDkvSmem<DP, T, REL>;
   constexpr int BQ = Smem::BN, LD = kLd<DP>, NT = BQ / 8, DT = DP / 8;
   extern __shared__ __align__(128) char smem[];
@@ -634,30 +634,51 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
 }
 
 // The mma.sync backward (fp16/bf16, head dim 16..128 with aligned rows, its shared memory fits), or false
-// for the tile kernels. With tables, table-gradient slots (one per CTA) come from make_slots(grid).
+// for the tile kernels. With tables, table-gradient slots (one per CTA) come from make_slots(grid). Cubic tables
+// (no radial bins) launch the one-hot kernels too, on their own persistent grids: a device flag set from the
+// coordinates tells them or the gather kernels to return at once, and the slots cover either grid.
 template <int DP, typename T, typename MakeSlots>
 bool launch_mma_backward(const FusedOperands& o, Args<T>& a, const MakeSlots& make_slots) {
   if (!a.vec || (o.has_rel() && 3 * o.L > kMaxRows3)) return false;
   const auto stream = at::cuda::getCurrentCUDAStream();
-  auto prepare_mma = [&](auto* kernel, size_t bytes) {
-    if (bytes > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return false;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    return true;
-  };
   auto run = [&](auto rel) {
     constexpr bool REL = decltype(rel)::value;
     auto* dq_kernel = bwd_dq_mma_kernel<DP, T, REL>;
     auto* dkv_kernel = bwd_dkv_mma_kernel<DP, T, REL>;
-    const size_t dq_bytes = smem_bytes<MmaDqSmem<DP, T, REL>>(a), dkv_bytes = smem_bytes<MmaDkvSmem<DP, T, REL>>(a);
-    if (!prepare_mma(dq_kernel, dq_bytes) || !prepare_mma(dkv_kernel, dkv_bytes)) return false;
+    const size_t dq_bytes = fit_smem(dq_kernel, smem_bytes<MmaDqSmem<DP, T, REL>>(a));
+    const size_t dkv_bytes = fit_smem(dkv_kernel, smem_bytes<MmaDkvSmem<DP, T, REL>>(a));
+    if (dq_bytes == 0 || dkv_bytes == 0) return false;
     const int items = static_cast<int>(mma_grid(o));
     const int dq_grid = REL ? persistent_grid(dq_kernel, dq_bytes, items, 1) : items;
     const int dkv_grid = REL ? persistent_grid(dkv_kernel, dkv_bytes, items, 1) : items;
-    make_slots(dq_grid, dkv_grid);
+    auto* dq_onehot = bwd_dq_onehot_kernel<DP, T>;
+    auto* dkv_onehot = bwd_dkv_onehot_kernel<DP, T>;
+    size_t dq_onehot_bytes = 0, dkv_onehot_bytes = 0;
+    if (REL && !o.radius.defined()) {
+      dq_onehot_bytes = fit_smem(dq_onehot, smem_bytes<OneHotDqSmem<DP, T>>(a));
+      dkv_onehot_bytes = fit_smem(dkv_onehot, smem_bytes<OneHotDkvSmem<DP, T>>(a));
+    }
+    const bool onehot = dq_onehot_bytes > 0 && dkv_onehot_bytes > 0;
+    const int dq_onehot_grid = onehot ? persistent_grid(dq_onehot, dq_onehot_bytes, items, 1) : 0;
+    const int dkv_onehot_grid = onehot ? persistent_grid(dkv_onehot, dkv_onehot_bytes, items, 1) : 0;
+    make_slots(std::max(dq_grid, dq_onehot_grid), std::max(dkv_grid, dkv_onehot_grid));
+    at::Tensor flag;
+    if (onehot) {
+      flag = onehot_flag(o);
+      a.onehot = flag.const_data_ptr<int>();
+    }
     delta_kernel<DP, T><<<grid_for(o.N * o.H, 256), 256, 0, stream>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (onehot) {
+      dq_onehot<<<dq_onehot_grid, mma::kThreads, dq_onehot_bytes, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
     dq_kernel<<<dq_grid, mma::kThreads, dq_bytes, stream>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (onehot) {
+      dkv_onehot<<<dkv_onehot_grid, mma::kThreads, dkv_onehot_bytes, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
     dkv_kernel<<<dkv_grid, mma::kThreads, dkv_bytes, stream>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return true;

@@ -9,7 +9,7 @@
 
 #include <sptr/dispatch.h>
 
-#include "fused_window_attention_tiles.cuh"
+#include "fused_window_attention_onehot.cuh"
 
 namespace sptr {
 namespace {
@@ -342,20 +342,15 @@ struct OneHotFwdSmem {
     V = b.take<T>(2 * BN * LD);
     qt = b.take_if<T>(a.tq != nullptr, mma::kRows * lp);
     // qt_lo shares the key-side buffers: Q̃ is made (and the CTA synchronised) before the loop that uses them.
-    const uintptr_t keys = b.base + ((b.off + 127) & ~uintptr_t(127));
+    const uintptr_t keys = next_take(b);
     kt = b.take_if<T>(a.tk != nullptr, BN * lp);
     kt_lo = b.take_if<T>(a.tk != nullptr, BN * lp);
     ktil = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
     ktil_lo = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
     qt_lo = a.tq != nullptr ? reinterpret_cast<T*>(keys) : nullptr;
-    reserve(b, keys, a.tq != nullptr ? uintptr_t(mma::kRows) * lp * sizeof(T) : 0);
+    reserve_from(b, keys, a.tq != nullptr ? uintptr_t(mma::kRows) * lp * sizeof(T) : 0);
     hv = reinterpret_cast<float*>(K);
-    reserve(b, reinterpret_cast<uintptr_t>(K), a.tv != nullptr ? uintptr_t(mma::kRows) * hlp * sizeof(float) : 0);
-  }
-  // At least `need` bytes from `start` on (a buffer that overlays the ones taken since `start`).
-  __host__ __device__ static void reserve(Bump& b, uintptr_t start, uintptr_t need) {
-    const uintptr_t used = b.base + b.off > start ? b.base + b.off - start : 0;
-    if (need > used) b.take<char>(need - used);
+    reserve_from(b, reinterpret_cast<uintptr_t>(K), a.tv != nullptr ? uintptr_t(mma::kRows) * hlp * sizeof(float) : 0);
   }
 };
 
@@ -402,8 +397,8 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
         for (int r = 0; r < 4; ++r) {
           const int i = r & 1, u = (kk & 1) * 16 + 2 * t + (r >> 1) * 8;
           const uint16_t* row = bits + (g + 8 * i) * sm.lp + col;
-          const uint32_t lo = row[clamp_rel(cq[i][col] - u + shift, L) * 3];
-          const uint32_t hi = row[clamp_rel(cq[i][col] - u - 1 + shift, L) * 3];
+          const uint32_t lo = row[onehot_rel<true>(cq[i][col], u, shift, L) * 3];
+          const uint32_t hi = row[onehot_rel<true>(cq[i][col], u + 1, shift, L) * 3];
           qtil[plane][kk][r] = lo | hi << 16;
         }
       }
@@ -415,7 +410,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
     cp_async_commit();
   }
   float o[DT][4] = {};
-  float gv[3 * kOneHot / 8][4] = {};  // G_a[i][u] in C tiles: tile a·4 + u/8
+  OneHotHist gv = {};  // G_a[i][u] in C tiles: tile a·4 + u/8
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int nblocks = (kend - kbeg + BN - 1) / BN;
   auto load = [&](int blk) {
@@ -430,25 +425,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
     const T* K = sm.K + buf * BN * LD;
     const T* V = sm.V + buf * BN * LD;
     const int* kc = sm.kc + buf * BN * 3;
-    if (a.tk) {  // K̃ of the block: its k·Tk products (warps split the 16-row groups and table columns), shifted
-      constexpr int RG = BN / 16, PARTS = kWarps / RG;
-      const int rg = warp % RG, part = warp / RG, npairs = a.L3p / 16;
-      uint32_t kfa[DP / 16][4];
-      ldmatrix_a_rows<DP, LD>(kfa, K + rg * 16 * LD);
-      table_products16<DP, LD>(sm.kt + rg * 16 * sm.lp, sm.kt_lo + rg * 16 * sm.lp, sm.lp, kfa, sm.table,
-                               part * npairs / PARTS, (part + 1) * npairs / PARTS);
-      __syncthreads();
-      for (int idx = threadIdx.x; idx < 2 * BN * kOneHotK / 2; idx += kThreads) {
-        const int plane = idx / (BN * kOneHotK / 2), rest = idx % (BN * kOneHotK / 2);
-        const int j = rest / (kOneHotK / 2), m2 = rest % (kOneHotK / 2), col = m2 / (kOneHot / 2);
-        const int u = (m2 % (kOneHot / 2)) * 2, cj = kc[j * 3 + col];
-        const uint16_t* row = reinterpret_cast<const uint16_t*>(plane ? sm.kt_lo : sm.kt) + j * sm.lp + col;
-        const uint32_t lo = row[clamp_rel(u - cj + shift, L) * 3], hi = row[clamp_rel(u + 1 - cj + shift, L) * 3];
-        *reinterpret_cast<uint32_t*>((plane ? sm.ktil_lo : sm.ktil) + j * kOneHotLd + col * kOneHot + u) =
-            lo | hi << 16;
-      }
-      __syncthreads();
-    }
+    if (a.tk) block_tilde<false, DP, BN>(sm.ktil, sm.ktil_lo, sm.kt, sm.kt_lo, sm.lp, K, sm.table, kc, a.L3p, L, shift);
     if (active && c0 < wrange.y && c0 + BN > wrange.x) {
       float s[NT][4] = {}, kb[NT][4] = {};
       bool live[NT / 2];  // the 16 keys touch the warp's windows (warp-uniform); others stay p = 0
@@ -472,20 +449,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
             mma_16816<T>(s[2 * np + 1], qtil[1][kk], b0, b1);
           }
         }
-        if (a.tk) {  // kb = E_q·K̃ᵀ
-          const int rowo = (np * 16 + (lane >> 4) * 8 + (lane & 7)) * kOneHotLd + ((lane >> 3) & 1) * 8;
-#pragma unroll
-          for (int kk = 0; kk < KK; ++kk) {
-            uint32_t e[4], b[4];
-            onehot_a<T>(e, cq[0], cq[1], kk);
-#pragma unroll
-            for (int plane = 0; plane < 2; ++plane) {
-              ldmatrix_x4(b, (plane ? sm.ktil_lo : sm.ktil) + rowo + kk * 16);
-              mma_16816<T>(kb[2 * np], e, b[0], b[1]);
-              mma_16816<T>(kb[2 * np + 1], e, b[2], b[3]);
-            }
-          }
-        }
+        if (a.tk) onehot_rows_times_tilde<T>(kb, cq[0], cq[1], sm.ktil, sm.ktil_lo, np);  // kb = E_q·K̃ᵀ
       }
       const int lo[2] = {win0.x - c0 - 2 * t, win1.x - c0 - 2 * t}, hi[2] = {win0.y - c0 - 2 * t, win1.y - c0 - 2 * t};
       float mx[2] = {m[0], m[1]};
@@ -517,19 +481,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
         uint32_t pa[4];
         c_to_a<T>(pa, s, kk);
         mma_ab<DP, LD>(o, pa, V, kk);
-        if (a.tv) {  // G_a += P·E_a: keys 16kk + 2t, 2t+1 (b0) and 8 + 2t, 9 + 2t (b1), u = 8·tile + g
-          const int* kb0 = kc + (kk * 16 + 2 * t) * 3;
-          const int* kb8 = kc + (kk * 16 + 8 + 2 * t) * 3;
-#pragma unroll
-          for (int col = 0; col < 3; ++col) {
-            const int c00 = kb0[col], c01 = kb0[3 + col], c80 = kb8[col], c81 = kb8[3 + col];
-#pragma unroll
-            for (int ut = 0; ut < kOneHot / 8; ++ut) {
-              const int u = ut * 8 + g;
-              mma_16816<T>(gv[col * (kOneHot / 8) + ut], pa, onehot2<T>(c00, c01, u), onehot2<T>(c80, c81, u));
-            }
-          }
-        }
+        if (a.tv) onehot_hist_add<T>(gv, pa, kc, kk);  // G_a += P·E_a
       }
     }
   });
@@ -540,36 +492,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
     async_rows<DP, LD, kThreads>(sm.table, a.tv, a.H, 0, a.L3, a.L3p, h);
     cp_async_commit();
     float* hrow = sm.hv + warp * 16 * sm.hlp;
-    for (int i = lane; i < 16 * sm.hlp; i += 32) hrow[i] = 0.f;
-    __syncwarp();
-    // For one row and column the relative index c − u + s differs for every u, so an unclamped entry owns its
-    // bin; the entries clamped to either end of the table are summed per lane, then over the quad in lane order.
-    float edge[2][3][2] = {};
-#pragma unroll
-    for (int x = 0; x < 3 * kOneHot / 8; ++x) {
-      const int col = x / (kOneHot / 8);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = e >> 1, u = (x % (kOneHot / 8)) * 8 + 2 * t + (e & 1);
-        const int rel = cq[i][col] - u + shift;
-        const float val = gv[x][e] * inv[i];
-        if (rel <= 0) edge[i][col][0] += val;
-        else if (rel >= L - 1) edge[i][col][1] += val;
-        else hrow[(g + 8 * i) * sm.hlp + rel * 3 + col] = val;
-      }
-    }
-    const int quad = lane & ~3;
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-      for (int col = 0; col < 3; ++col)
-#pragma unroll
-        for (int side = 0; side < 2; ++side) {
-          float sum = 0.f;
-#pragma unroll
-          for (int src = 0; src < 4; ++src) sum += __shfl_sync(0xffffffffu, edge[i][col][side], quad + src);
-          if (t == 0) hrow[(g + 8 * i) * sm.hlp + (side ? L - 1 : 0) * 3 + col] += sum;
-        }
+    onehot_hist_store<true>(hrow, sm.hlp, gv, cq, inv, L, shift);
     cp_async_wait<0>();
     __syncthreads();
 #pragma unroll
@@ -585,22 +508,6 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
     inv[0] = inv[1] = 1.f;
   }
   if (active) store_out_and_lse<DP>(a, o, w0, h, inv, m, l);
-}
-
-// 0 in *flag if a coordinate lies outside [0, kOneHot) (the flag starts at 1).
-__global__ void onehot_range_kernel(const int32_t* coords, int64_t n, int* flag) {
-  SPTR_GRID_STRIDE(i, n) {
-    const int c = coords[i];
-    if (c < 0 || c >= mma::kOneHot) *flag = 0;
-  }
-}
-
-// Dynamic shared memory of `kernel` if it fits the device (opting in above 48 KB), else 0.
-template <typename Kernel>
-size_t fit_smem(Kernel* kernel, size_t bytes) {
-  if (bytes > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return 0;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-  return bytes;
 }
 
 // Launches the mma.sync forward if it applies (fp16/bf16, head dim 16..128 with aligned rows, its shared
@@ -621,11 +528,8 @@ bool launch_mma_forward(const FusedOperands& o, Args<T> a) {
     auto* onehot = fwd_onehot_kernel<DP, T>;
     const size_t onehot_bytes = REL && !o.radius.defined() ? fit_smem(onehot, smem_bytes<OneHotFwdSmem<DP, T>>(a)) : 0;
     if (onehot_bytes > 0) {
-      flag = at::ones({1}, o.coords.options());
+      flag = onehot_flag(o);
       a.onehot = flag.const_data_ptr<int>();
-      onehot_range_kernel<<<grid_for(o.N * 3, 256), 256, 0, stream>>>(o.coords.const_data_ptr<int32_t>(), o.N * 3,
-                                                                       flag.data_ptr<int>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
       onehot<<<grid, mma::kThreads, onehot_bytes, stream>>>(a);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       int per_sm = 0;

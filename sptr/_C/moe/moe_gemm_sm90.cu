@@ -12,31 +12,6 @@
 
 namespace sptr::sm90 {
 
-Tile tile_config() {
-  const char* pick = std::getenv("SPTR_SM90_GEMM_TILE");
-  if (pick == nullptr || std::string_view(pick) == "" || std::string_view(pick) == "128x256") return Tile::k128x256;
-  if (std::string_view(pick) == "128x128") return Tile::k128x128;
-  if (std::string_view(pick) == "pingpong") return Tile::kPingpong;
-  SPTR_CHECK_VALUE(false, "SPTR_SM90_GEMM_TILE must be 128x256, 128x128 or pingpong, got '", pick, "'");
-  return Tile::k128x256;
-}
-
-#ifdef SPTR_WITH_SM90A
-namespace {
-// The forward and input-gradient layouts in the configured tile; the weight gradient (a fixed [n, k] output
-// per group, its reduction from the offsets) always in the default one.
-template <Layout L>
-void run_tiled(at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem>& problems, const at::Tensor& offsets,
-               int64_t range_end) {
-  switch (tile_config()) {
-    case Tile::k128x256: run_layout<L, Tile::k128x256>(dtype, dynamic, problems, offsets, range_end); break;
-    case Tile::k128x128: run_layout<L, Tile::k128x128>(dtype, dynamic, problems, offsets, range_end); break;
-    case Tile::kPingpong: run_layout<L, Tile::kPingpong>(dtype, dynamic, problems, offsets, range_end); break;
-  }
-}
-}  // namespace
-#endif
-
 bool available(const at::Tensor& t) {
 #ifdef SPTR_WITH_SM90A
   // SPTR_GROUPED_GEMM=mma keeps the mma.sync kernel on Hopper too: the benchmarks' A/B of the two kernels.
@@ -60,9 +35,9 @@ void grouped_gemm(Layout layout, at::ScalarType dtype, Dynamic dynamic, const st
                    "sm90 grouped GEMM: a reduction from offsets needs k-strided A and B (layout NT)");
   if (problems.empty()) return;
   switch (layout) {
-    case Layout::kTN: run_tiled<Layout::kTN>(dtype, dynamic, problems, offsets, range_end); break;
-    case Layout::kNN: run_tiled<Layout::kNN>(dtype, dynamic, problems, offsets, range_end); break;
-    case Layout::kNT: run_layout<Layout::kNT, Tile::k128x256>(dtype, dynamic, problems, offsets, range_end); break;
+    case Layout::kTN: run_layout<Layout::kTN>(dtype, dynamic, problems, offsets, range_end); break;
+    case Layout::kNN: run_layout<Layout::kNN>(dtype, dynamic, problems, offsets, range_end); break;
+    case Layout::kNT: run_layout<Layout::kNT>(dtype, dynamic, problems, offsets, range_end); break;
   }
 #else
   (void)layout, (void)dtype, (void)dynamic, (void)problems, (void)offsets, (void)range_end;

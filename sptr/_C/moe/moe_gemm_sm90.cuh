@@ -1,10 +1,10 @@
 // The CUTLASS side of moe_gemm_sm90.h: one kernel type per (layout, dtype), instantiated in its own
 // translation unit (moe_gemm_sm90_<layout>.cu) so that the build compiles them in parallel.
 //
-// Kernel (Tile, moe_gemm_sm90.h): by default 128x256x64 tiles, 2x1 clusters (TMA multicast of B), two consumer
-// warpgroups (cooperative), the pipeline depth that fills the rest of shared memory; a persistent grid of one
-// CTA per SM walks the tiles of all problems. The problem list lives in device memory and is written by setup_kernel from the group
-// offsets, so the host never learns the groups' sizes.
+// Kernel (TileConfig): 128x256x64 tiles, 2x1 clusters (TMA multicast of B), two consumer warpgroups
+// (cooperative), the pipeline depth that fills the rest of shared memory; a persistent grid of one CTA per SM
+// walks the tiles of all problems. The problem list lives in device memory and is written by setup_kernel from
+// the group offsets, so the host never learns the groups' sizes.
 #pragma once
 // Without NDEBUG, device asserts are function calls inside the mainloop and ptxas serialises the wgmma pipeline
 // (warning C7510). A unit includes this header first, so that every header sees it.
@@ -48,29 +48,17 @@ struct OperandLayouts<Layout::kNT> {
   using B = cutlass::layout::RowMajor;
 };
 
-// A tile configuration: 128 x N x 64 tiles, clusters of ClusterM x 1, the kernel's and epilogue's schedules.
-template <int N, int ClusterM, class KernelSchedule, class EpilogueSchedule_>
-struct TileShapes {
-  using Shape = cute::Shape<cute::_128, cute::Int<N>, cute::_64>;
-  using Cluster = cute::Shape<cute::Int<ClusterM>, cute::_1, cute::_1>;
-  using Schedule = KernelSchedule;
-  using EpilogueSchedule = EpilogueSchedule_;
+// The tile configuration: 128x256x64 tiles, 2x1 clusters, cooperative kernel and epilogue. (Cooperative and
+// ping-pong 128x128x64 tiles without clusters measured 1.2-1.6x slower on the large shapes and at most 1.2x
+// faster on the smallest: benchmarks/RESULTS.md, grouped GEMM step 3.)
+struct TileConfig {
+  using Shape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
-using Cooperative = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-using CooperativeEpilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 
-template <Tile C>
-struct TileConfig;
-template <>
-struct TileConfig<Tile::k128x256> : TileShapes<256, 2, Cooperative, CooperativeEpilogue> {};
-template <>
-struct TileConfig<Tile::k128x128> : TileShapes<128, 1, Cooperative, CooperativeEpilogue> {};
-template <>
-struct TileConfig<Tile::kPingpong>
-    : TileShapes<128, 1, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
-                 cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong> {};
-
-template <Layout L, class Element, Tile C>
+template <Layout L, class Element>
 struct GroupedGemm {
   using LayoutA = typename OperandLayouts<L>::A;
   using LayoutB = typename OperandLayouts<L>::B;
@@ -78,13 +66,13 @@ struct GroupedGemm {
   static constexpr int kAlign = 16 / sizeof(Element);  // 16-byte TMA alignment
 
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-  using TileShape = typename TileConfig<C>::Shape;
-  using ClusterShape = typename TileConfig<C>::Cluster;
+  using TileShape = TileConfig::Shape;
+  using ClusterShape = TileConfig::Cluster;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlign, Element, LayoutD*, kAlign,
-      typename TileConfig<C>::EpilogueSchedule,
+      TileConfig::EpilogueSchedule,
       cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -92,7 +80,7 @@ struct GroupedGemm {
       TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      typename TileConfig<C>::Schedule>::CollectiveOp;
+      TileConfig::Schedule>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -171,9 +159,9 @@ __global__ void setup_kernel(SetupParams P, DeviceArrays<G, Element> out) {
 
 inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-template <Layout L, class Element, Tile C>
+template <Layout L, class Element>
 void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at::Tensor& offsets, int64_t range_end) {
-  using G = GroupedGemm<L, Element, C>;
+  using G = GroupedGemm<L, Element>;
   const int device = at::cuda::current_device();
   auto stream = at::cuda::getCurrentCUDAStream();
   const auto bytes = at::TensorOptions(at::kByte).device(at::kCUDA, device);
@@ -234,21 +222,21 @@ void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at
 }
 
 // Declared in moe_gemm_sm90.h; each translation unit instantiates one (layout, tile) pair, fp16 and bf16.
-template <Layout L, Tile C>
+template <Layout L>
 void run_layout(at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem>& problems,
                 const at::Tensor& offsets, int64_t range_end) {
   if (dtype == at::kHalf) {
-    run_grouped<L, cutlass::half_t, C>(dynamic, problems, offsets, range_end);
+    run_grouped<L, cutlass::half_t>(dynamic, problems, offsets, range_end);
   } else {
-    run_grouped<L, cutlass::bfloat16_t, C>(dynamic, problems, offsets, range_end);
+    run_grouped<L, cutlass::bfloat16_t>(dynamic, problems, offsets, range_end);
   }
 }
 
 }  // namespace sptr::sm90
 
-// The explicit instantiation of run_layout<Layout::L, Tile::C> that a translation unit holds.
-#define SPTR_SM90_INSTANTIATE(L, C)                                                                          \
+// The explicit instantiation of run_layout<Layout::L> that a translation unit holds.
+#define SPTR_SM90_INSTANTIATE(L)                                                                             \
   namespace sptr::sm90 {                                                                                     \
-  template void run_layout<Layout::L, Tile::C>(at::ScalarType, Dynamic, const std::vector<Problem>&,         \
-                                               const at::Tensor&, int64_t);                                  \
+  template void run_layout<Layout::L>(at::ScalarType, Dynamic, const std::vector<Problem>&, const at::Tensor&, \
+                                      int64_t);                                                              \
   }

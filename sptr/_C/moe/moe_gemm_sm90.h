@@ -16,14 +16,6 @@ namespace sptr::sm90 {
 //   kNT: A m-contiguous, B n-contiguous (gradᵀ · x: the weight gradient)
 enum class Layout { kTN, kNN, kNT };
 
-// CUTLASS tile configurations, all built so that the benchmarks can compare them on the same calls (the
-// environment variable SPTR_SM90_GEMM_TILE picks one; tile_config() reads it):
-//   k128x256: cooperative (two consumer warpgroups share a tile), 128x256x64 tiles, 2x1 clusters; the default.
-//   k128x128: cooperative, 128x128x64 tiles, no cluster: twice the tiles for the same problem (small m or n).
-//   kPingpong: 128x128x64 tiles, no cluster, each consumer warpgroup its own tile, their epilogues and
-//              mainloops overlapped (the forward and input-gradient layouts only).
-enum class Tile { k128x256, k128x128, kPingpong };
-
 // kRows: group g's rows [off[g], off[g+1]) give m and move A and D down by off[g] rows (kTN, kNN).
 // kReduction: they give k and move A and B along k by off[g] (kNT). kStatic: m, n, k as given.
 enum class Dynamic { kStatic, kRows, kReduction };
@@ -46,12 +38,9 @@ inline bool tma_aligned(const void* p, int64_t ld, int64_t element_size) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * element_size) % 16 == 0;
 }
 
-// SPTR_SM90_GEMM_TILE: "128x256" (or unset), "128x128" or "pingpong"; anything else raises.
-Tile tile_config();
-
-// One (layout, tile) pair's kernels, fp16 and bf16: defined in moe_gemm_sm90.cuh, instantiated each in a
-// translation unit of its own (moe_gemm_sm90_<layout>[_<tile>].cu) so that the build compiles them in parallel.
-template <Layout L, Tile C>
+// One layout's kernels, fp16 and bf16: defined in moe_gemm_sm90.cuh, instantiated each in a translation unit of
+// its own (moe_gemm_sm90_<layout>.cu) so that the build compiles them in parallel.
+template <Layout L>
 void run_layout(at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem>& problems,
                 const at::Tensor& offsets, int64_t range_end);
 

@@ -1,6 +1,6 @@
-// The sm90 grouped GEMM of layout kNT, tile k128x256 (moe_gemm_sm90.h), in its own translation unit.
+// The sm90 grouped GEMM of layout kNT (moe_gemm_sm90.h), in its own translation unit.
 #ifdef SPTR_WITH_SM90A
 #include "moe_gemm_sm90.cuh"  // first: it sets NDEBUG for the whole unit
 
-SPTR_SM90_INSTANTIATE(kNT, k128x256)
+SPTR_SM90_INSTANTIATE(kNT)
 #endif

@@ -1,0 +1,406 @@
+// The fp16/bf16 backward with one-hot cubic tables (cell coordinates inside [0, kOneHot), no radial bins):
+// the table terms of the recomputed logits and of dP, and the three histograms of the table gradients, are
+// tensor-core products with one-hot coordinate matrices (fused_window_attention_onehot.cuh), so no table work
+// is left per pair. Included by fused_window_attention_bwd_cuda.cu, which launches these kernels beside the
+// gather kernels (bwd_dq_mma_kernel<.., true>, bwd_dkv_mma_kernel<.., true>); a device flag set from the
+// coordinates tells one pair to return at once. Like those, the grid is persistent and takes the (64-row tile,
+// head) items round-robin, each CTA adding its items' table gradients into a slot of its own: deterministic.
+#pragma once
+#include "fused_window_attention_onehot.cuh"
+
+namespace sptr {
+namespace {
+
+// Items of the backward CTAs: (64-row tile, head) pairs, heads adjacent.
+template <typename T>
+__device__ __forceinline__ int num_items(const Args<T>& a) { return (a.N + mma::kRows - 1) / mma::kRows * a.H; }
+
+// Own coordinates of the item's rows [r0, r0 + n) into oc ([kRows][3], 0 past n), for their tilde rows.
+template <typename T>
+__device__ __forceinline__ void stage_own_coords(int* oc, const Args<T>& a, int r0, int n) {
+  for (int i = threadIdx.x; i < mma::kRows * 3; i += mma::kThreads)
+    oc[i] = i / 3 < n ? a.rel.coords[(int64_t)r0 * 3 + i] : 0;
+}
+
+// Tilde rows of the item's 64 own rows (A fragments `f` per warp) with table x of head h: the table staged into
+// `table`, the products into own/own_lo, the tilde rows into til/til_lo. Ends with the CTA synchronised.
+template <bool QUERY, int DP, typename T>
+__device__ void own_tilde(T* til, T* til_lo, T* own, T* own_lo, int lp, T* table, const T* x, const Args<T>& a,
+                          int h, const uint32_t (&f)[DP / 16][4], const int* oc) {
+  using namespace mma;
+  constexpr int LD = kLd<DP>;
+  async_rows<DP, LD, kThreads>(table, x, a.H, 0, a.L3, a.L3p, h);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  const int at = (threadIdx.x >> 5) * 16 * lp;
+  table_products16<DP, LD>(own + at, own_lo + at, lp, f, table, 0, a.L3p / 16);
+  __syncthreads();
+  onehot_tilde<QUERY>(til, til_lo, own, own_lo, lp, oc, kRows, a.rel.L, a.rel.rel_shift);
+  __syncthreads();
+}
+
+// acc (16 x DP) += Σ_n hist[r][n] · table[n] over the warp's 16 histogram rows (hrow, pitch hlp).
+template <int DP, typename T>
+__device__ __forceinline__ void add_hist_times_table(float (&acc)[DP / 8][4], const float* hrow, int hlp, const T* table,
+                                                     int L3p) {
+  for (int kk = 0; kk < L3p / 16; ++kk) {
+    uint32_t ha[4];
+    mma::smem_rows_to_a<T>(ha, hrow, hlp, kk, 1.f, 1.f);
+    mma::mma_ab<DP, mma::kLd<DP>>(acc, ha, table, kk);
+  }
+}
+
+// Shared memory of bwd_dq_onehot_kernel: 64 query rows, 32-key blocks double-buffered. The own rows' table
+// products overlay the key-side buffers before the loop; the histogram and the own Q and dO tiles (operands
+// of the table gradients) overlay Q̃ and G̃ after it.
+template <int DP, typename T>
+struct OneHotDqSmem {
+  static constexpr int BN = 32, LD = mma::kLd<DP>, R = mma::kRows, TL = mma::kOneHotLd;
+  int *oc, *kc;                          // own coordinates; the key blocks' (2 buffers)
+  T* table;                              // Tq, Tv before the loop, Tk in it, Tq after it
+  T *K, *V, *kt, *kt_lo, *ktil, *ktil_lo;  // key blocks (2 buffers), their k·Tk products and K̃
+  T *own, *own_lo;                       // own q·Tq or dO·Tv products (before the loop)
+  T *qtil, *qtil_lo, *gtil, *gtil_lo;    // own Q̃ and G̃ (the loop)
+  float* hist;                           // Hq, then Hv (after the loop), pitch hlp
+  T *Xq, *Xg;                            // own Q and dO tiles (after the loop)
+  int lp, hlp;
+  __host__ __device__ OneHotDqSmem(Bump& b, const Args<T>& a) : lp(a.L3p + 2), hlp(a.L3p + 4) {
+    oc = b.take<int>(R * 3);
+    kc = b.take<int>(2 * BN * 3);
+    table = b.take<T>(a.L3p * LD);
+    const uintptr_t keys = next_take(b);
+    K = b.take<T>(2 * BN * LD);
+    V = b.take<T>(2 * BN * LD);
+    kt = b.take_if<T>(a.tk != nullptr, BN * lp);
+    kt_lo = b.take_if<T>(a.tk != nullptr, BN * lp);
+    ktil = b.take_if<T>(a.tk != nullptr, BN * TL);
+    ktil_lo = b.take_if<T>(a.tk != nullptr, BN * TL);
+    own = reinterpret_cast<T*>(keys);
+    own_lo = reinterpret_cast<T*>(keys + align128(R * lp * sizeof(T)));
+    if (a.tq != nullptr || a.tv != nullptr) reserve_from(b, keys, 2 * align128(R * lp * sizeof(T)));
+    const uintptr_t tildes = next_take(b);
+    qtil = b.take_if<T>(a.tq != nullptr, R * TL);
+    qtil_lo = b.take_if<T>(a.tq != nullptr, R * TL);
+    gtil = b.take_if<T>(a.tv != nullptr, R * TL);
+    gtil_lo = b.take_if<T>(a.tv != nullptr, R * TL);
+    hist = reinterpret_cast<float*>(tildes);
+    const uintptr_t hist_bytes = align128(R * hlp * sizeof(float)), tile_bytes = align128(R * LD * sizeof(T));
+    Xq = reinterpret_cast<T*>(tildes + hist_bytes);
+    Xg = reinterpret_cast<T*>(tildes + hist_bytes + tile_bytes);
+    reserve_from(b, tildes, hist_bytes + 2 * tile_bytes);
+  }
+};
+
+// Two CTAs per multiprocessor up to head dim 64 (the histograms' 96 accumulators per thread fit 255 registers).
+template <int DP> constexpr int kOneHotBwdMinBlocks = DP <= 64 ? 2 : 1;
+
+// dq of 64 query rows of one head (16 per warp), as bwd_dq_mma_kernel, with the table terms as one-hot products:
+// logits += Q̃·Eᵀ (own Q̃) + E·K̃ᵀ (K̃ per key block), dP += G̃·Eᵀ (own G̃ of dO·Tv), and the histograms
+// Hq (of dS) and Hv (of P) as dS·E_a and P·E_a in registers, turned into table rows after the loop.
+template <int DP, typename T>
+__global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq_onehot_kernel(const Args<T> a) {
+  using namespace mma;
+  using Smem = OneHotDqSmem<DP, T>;
+  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8, R = kRows;
+  if (!*a.onehot) return;  // a coordinate leaves the one-hot range: bwd_dq_mma_kernel<REL> does the work
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const Smem sm(bump, a);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int L = a.rel.L, shift = a.rel.rel_shift;
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  const int64_t slot = (int64_t)blockIdx.x * a.L3 * a.H * DP;
+  for (int item = blockIdx.x; item < num_items(a); item += gridDim.x) {
+    __syncthreads();  // the previous item's overlays are read out
+    const WarpItem it(a.bounds, a.N, a.H, item);
+    const int h = it.h, r0 = it.r0, nrows = it.n, kbeg = it.lo, kend = it.hi, w0 = it.w0;
+    const bool active = it.active;
+    const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1;
+    float lse2[2], dl[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = w0 + g + 8 * i;
+      lse2[i] = row < a.N ? a.lse_in[(int64_t)row * a.H + h] * kLog2e : 0.f;
+      dl[i] = row < a.N ? a.delta[(int64_t)row * a.H + h] : 0.f;
+    }
+    uint32_t qf[DP / 16][4], gf[DP / 16][4];
+    load_a_rows<DP>(qf, a.q, a.N, a.H, w0, h);
+    load_a_rows<DP>(gf, a.dout, a.N, a.H, w0, h);
+    int cq[2][3];
+    own_coords(a, w0, cq);
+    stage_own_coords(sm.oc, a, r0, nrows);
+    if (a.tq) own_tilde<true, DP>(sm.qtil, sm.qtil_lo, sm.own, sm.own_lo, sm.lp, sm.table, a.tq, a, h, qf, sm.oc);
+    if (a.tv) own_tilde<true, DP>(sm.gtil, sm.gtil_lo, sm.own, sm.own_lo, sm.lp, sm.table, a.tv, a, h, gf, sm.oc);
+    __syncthreads();  // the own products' memory becomes the key-side buffers, the table buffer takes Tk
+    if (a.tk) {  // waited for with the first key block
+      async_rows<DP, LD, kThreads>(sm.table, a.tk, a.H, 0, a.L3, a.L3p, h);
+      cp_async_commit();
+    }
+    const int own = warp * 16 * Smem::TL;
+    float dq[DT][4] = {};
+    OneHotHist hq = {}, hv = {};
+    const int nblocks = (kend - kbeg + BN - 1) / BN;
+    auto load = [&](int blk) {
+      const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
+      async_block<DP, LD, BN, kThreads>(sm.K + buf * BN * LD, a.k, a.H, c0, n, h);
+      async_block<DP, LD, BN, kThreads>(sm.V + buf * BN * LD, a.v, a.H, c0, n, h);
+      async_coords<BN>(sm.kc + buf * BN * 3, nullptr, a, c0, n);
+      cp_async_commit();
+    };
+    double_buffered(nblocks, load, [&](int blk) {
+      const int c0 = kbeg + blk * BN, buf = blk & 1;
+      const T* K = sm.K + buf * BN * LD;
+      const T* V = sm.V + buf * BN * LD;
+      const int* kc = sm.kc + buf * BN * 3;
+      if (a.tk) block_tilde<false, DP, BN>(sm.ktil, sm.ktil_lo, sm.kt, sm.kt_lo, sm.lp, K, sm.table, kc, a.L3p, L, shift);
+      if (!active || c0 >= wrange.y || c0 + BN <= wrange.x) return;
+      float s[NT][4] = {}, dp[NT][4] = {}, kb[NT][4] = {};
+      bool live[NT / 2];  // the 16 keys touch the warp's windows (warp-uniform); others stay p = dS = 0
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        live[np] = overlaps16(c0 + 16 * np, wrange);
+        if (!live[np]) continue;
+        mma_abt_pair<DP, LD>(s, qf, K, np);
+        mma_abt_pair<DP, LD>(dp, gf, V, np);
+        if (a.tq) tilde_times_onehot<T>(s, sm.qtil + own, sm.qtil_lo + own, kc, np);
+        if (a.tv) tilde_times_onehot<T>(dp, sm.gtil + own, sm.gtil_lo + own, kc, np);
+        if (a.tk) onehot_rows_times_tilde<T>(kb, cq[0], cq[1], sm.ktil, sm.ktil_lo, np);
+      }
+      const int lo[2] = {win0.x - c0 - 2 * t, win1.x - c0 - 2 * t}, hi[2] = {win0.y - c0 - 2 * t, win1.y - c0 - 2 * t};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (!live[nt / 2]) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = nt * 8 + (e & 1), i = e >> 1;
+          float p = 0.f, ds = 0.f;
+          if (c >= lo[i] && c < hi[i]) {
+            p = fast_exp2(s[nt][e] * sl2 + kb[nt][e] * kLog2e - lse2[i]);
+            ds = p * (dp[nt][e] - dl[i]);
+          }
+          s[nt][e] = p;
+          dp[nt][e] = ds;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < NT / 2; ++kk) {
+        if (!live[kk]) continue;
+        uint32_t da[4];
+        c_to_a<T>(da, dp, kk);
+        mma_ab<DP, LD>(dq, da, K, kk);
+        if (a.tq) onehot_hist_add<T>(hq, da, kc, kk);
+        if (a.tv) {
+          uint32_t pa[4];
+          c_to_a<T>(pa, s, kk);
+          onehot_hist_add<T>(hv, pa, kc, kk);
+        }
+      }
+    });
+    // dq = scale·(dS·K + Σ_n Hq[n]·Tq[n]); dTq = scale·Hqᵀ·Q and dTv = Hvᵀ·dO into this CTA's slots.
+    __syncthreads();  // every warp has left the loop: Q̃ and G̃ become the histogram and the own tiles
+    const float one[2] = {1.f, 1.f};
+    float* hrow = sm.hist + warp * 16 * sm.hlp;
+    if (a.tq) {
+      async_block<DP, LD, R, kThreads>(sm.Xq, a.q, a.H, r0, nrows, h);
+      async_rows<DP, LD, kThreads>(sm.table, a.tq, a.H, 0, a.L3, a.L3p, h);
+      cp_async_commit();
+      onehot_hist_store<true>(hrow, sm.hlp, hq, cq, one, L, shift);
+      cp_async_wait<0>();
+      __syncthreads();
+      if (active) add_hist_times_table<DP>(dq, hrow, sm.hlp, sm.table, a.L3p);
+      table_grad_mma<DP, LD>(a.dtq + slot, sm.hist, sm.hlp, sm.Xq, a.L3, a.L3p, a.H, h, a.scale);
+      __syncthreads();
+    }
+    if (a.tv) {
+      async_block<DP, LD, R, kThreads>(sm.Xg, a.dout, a.H, r0, nrows, h);
+      cp_async_commit();
+      onehot_hist_store<true>(hrow, sm.hlp, hv, cq, one, L, shift);
+      cp_async_wait<0>();
+      __syncthreads();
+      table_grad_mma<DP, LD>(a.dtv + slot, sm.hist, sm.hlp, sm.Xg, a.L3, a.L3p, a.H, h, 1.f);
+    }
+    if (active) {
+      const float f = static_cast<float>(a.scale);
+      store_c_rows<DP>(a.dq, dq, a.N, a.H, w0, h, f, f);
+    }
+  }
+}
+
+// Shared memory of bwd_dkv_onehot_kernel: 64 key rows, 32-query blocks double-buffered. Before the loop Tk and
+// the own rows' products, after it Tk, the histogram and the own K tile overlay the loop's tables and block
+// tildes.
+template <int DP, typename T>
+struct OneHotDkvSmem {
+  static constexpr int BQ = 32, LD = mma::kLd<DP>, R = mma::kRows, TL = mma::kOneHotLd;
+  int *oc, *qc;                        // own coordinates; the query blocks' (2 buffers)
+  T *Q, *G;                            // query blocks of q and dO (2 buffers)
+  float *lse, *delta;                  // 2 buffers
+  T *ktil, *ktil_lo;                   // own K̃
+  T *tq, *tv, *prod, *prod_lo;         // the loop: Tq, Tv, the block's products
+  T *qtil, *qtil_lo, *gtil, *gtil_lo;  // the loop: the block's Q̃ and G̃
+  T *tk, *own, *own_lo;                // before the loop: Tk and the own products
+  float* hist;                         // after the loop (with tk): Hk, pitch hlp
+  T* Xk;                               // after the loop: the own K tile
+  int lp, hlp;
+  __host__ __device__ OneHotDkvSmem(Bump& b, const Args<T>& a) : lp(a.L3p + 2), hlp(a.L3p + 4) {
+    oc = b.take<int>(R * 3);
+    qc = b.take<int>(2 * BQ * 3);
+    Q = b.take<T>(2 * BQ * LD);
+    G = b.take<T>(2 * BQ * LD);
+    lse = b.take<float>(2 * BQ);
+    delta = b.take<float>(2 * BQ);
+    ktil = b.take_if<T>(a.tk != nullptr, R * TL);
+    ktil_lo = b.take_if<T>(a.tk != nullptr, R * TL);
+    const uintptr_t loop = next_take(b);
+    tq = b.take_if<T>(a.tq != nullptr, a.L3p * LD);
+    tv = b.take_if<T>(a.tv != nullptr, a.L3p * LD);
+    prod = b.take_if<T>(a.tq != nullptr || a.tv != nullptr, BQ * lp);
+    prod_lo = b.take_if<T>(a.tq != nullptr || a.tv != nullptr, BQ * lp);
+    qtil = b.take_if<T>(a.tq != nullptr, BQ * TL);
+    qtil_lo = b.take_if<T>(a.tq != nullptr, BQ * TL);
+    gtil = b.take_if<T>(a.tv != nullptr, BQ * TL);
+    gtil_lo = b.take_if<T>(a.tv != nullptr, BQ * TL);
+    const uintptr_t table_bytes = align128(a.L3p * LD * sizeof(T)), prod_bytes = align128(R * lp * sizeof(T));
+    const uintptr_t hist_bytes = align128(R * hlp * sizeof(float)), tile_bytes = align128(R * LD * sizeof(T));
+    tk = reinterpret_cast<T*>(loop);
+    own = reinterpret_cast<T*>(loop + table_bytes);
+    own_lo = reinterpret_cast<T*>(loop + table_bytes + prod_bytes);
+    hist = reinterpret_cast<float*>(loop + table_bytes);
+    Xk = reinterpret_cast<T*>(loop + table_bytes + hist_bytes);
+    if (a.tk) reserve_from(b, loop, table_bytes + (2 * prod_bytes > hist_bytes + tile_bytes ? 2 * prod_bytes
+                                                                                            : hist_bytes + tile_bytes));
+  }
+};
+
+// dk, dv of 64 key rows of one head (16 per warp), as bwd_dkv_mma_kernel, with the table terms as one-hot
+// products: logits += E·Q̃ᵀ (Q̃ per query block) + K̃·Eᵀ (own K̃), dP += E·G̃ᵀ (G̃ per query block), and the
+// histogram Hk (of dS) as dSᵀ·E_a in registers.
+template <int DP, typename T>
+__global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dkv_onehot_kernel(const Args<T> a) {
+  using namespace mma;
+  using Smem = OneHotDkvSmem<DP, T>;
+  constexpr int BQ = Smem::BQ, LD = kLd<DP>, NT = BQ / 8, DT = DP / 8, R = kRows;
+  if (!*a.onehot) return;  // a coordinate leaves the one-hot range: bwd_dkv_mma_kernel<REL> does the work
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const Smem sm(bump, a);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
+  const int L = a.rel.L, shift = a.rel.rel_shift;
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  for (int item = blockIdx.x; item < num_items(a); item += gridDim.x) {
+    __syncthreads();  // the previous item's overlays are read out
+    // A query attends to a key exactly when they share a window, so the key's window bounds its queries.
+    const WarpItem it(a.bounds, a.N, a.H, item);
+    const int h = it.h, c0 = it.r0, nkeys = it.n, qbeg = it.lo, qend = it.hi, w0 = it.w0;
+    const bool active = it.active;
+    const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1;
+    uint32_t kf[DP / 16][4], vf[DP / 16][4];
+    load_a_rows<DP>(kf, a.k, a.N, a.H, w0, h);
+    load_a_rows<DP>(vf, a.v, a.N, a.H, w0, h);
+    int ck[2][3];
+    own_coords(a, w0, ck);
+    if (a.tk) {
+      stage_own_coords(sm.oc, a, c0, nkeys);
+      own_tilde<false, DP>(sm.ktil, sm.ktil_lo, sm.own, sm.own_lo, sm.lp, sm.tk, a.tk, a, h, kf, sm.oc);
+    }
+    // Tq and Tv take the memory of Tk and the own products; waited for with the first query block.
+    if (a.tq) async_rows<DP, LD, kThreads>(sm.tq, a.tq, a.H, 0, a.L3, a.L3p, h);
+    if (a.tv) async_rows<DP, LD, kThreads>(sm.tv, a.tv, a.H, 0, a.L3, a.L3p, h);
+    cp_async_commit();
+    const int own = warp * 16 * Smem::TL;
+    float dk[DT][4] = {}, dv[DT][4] = {};
+    OneHotHist hk = {};
+    const int nblocks = (qend - qbeg + BQ - 1) / BQ;
+    auto load = [&](int blk) {
+      const int q0 = qbeg + blk * BQ, n = min(BQ, qend - q0), buf = blk & 1;
+      async_block<DP, LD, BQ, kThreads>(sm.Q + buf * BQ * LD, a.q, a.H, q0, n, h);
+      async_block<DP, LD, BQ, kThreads>(sm.G + buf * BQ * LD, a.dout, a.H, q0, n, h);
+      for (int i = threadIdx.x; i < BQ; i += kThreads) {
+        const bool ok = i < n;
+        const int64_t at = ok ? (int64_t)(q0 + i) * a.H + h : 0;
+        cp_async_4(sm.lse + buf * BQ + i, a.lse_in + at, ok);
+        cp_async_4(sm.delta + buf * BQ + i, a.delta + at, ok);
+      }
+      async_coords<BQ>(sm.qc + buf * BQ * 3, nullptr, a, q0, n);
+      cp_async_commit();
+    };
+    double_buffered(nblocks, load, [&](int blk) {
+      const int q0 = qbeg + blk * BQ, buf = blk & 1;
+      const T* Q = sm.Q + buf * BQ * LD;
+      const T* G = sm.G + buf * BQ * LD;
+      const float* lse = sm.lse + buf * BQ;
+      const float* delta = sm.delta + buf * BQ;
+      const int* qc = sm.qc + buf * BQ * 3;
+      if (a.tq) block_tilde<true, DP, BQ>(sm.qtil, sm.qtil_lo, sm.prod, sm.prod_lo, sm.lp, Q, sm.tq, qc, a.L3p, L, shift);
+      if (a.tv) block_tilde<true, DP, BQ>(sm.gtil, sm.gtil_lo, sm.prod, sm.prod_lo, sm.lp, G, sm.tv, qc, a.L3p, L, shift);
+      if (!active || q0 >= wrange.y || q0 + BQ <= wrange.x) return;
+      float s[NT][4] = {}, dp[NT][4] = {}, kb[NT][4] = {};
+      bool live[NT / 2];
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        live[np] = overlaps16(q0 + 16 * np, wrange);
+        if (!live[np]) continue;
+        mma_abt_pair<DP, LD>(s, kf, Q, np);
+        mma_abt_pair<DP, LD>(dp, vf, G, np);
+        if (a.tq) onehot_rows_times_tilde<T>(s, ck[0], ck[1], sm.qtil, sm.qtil_lo, np);
+        if (a.tv) onehot_rows_times_tilde<T>(dp, ck[0], ck[1], sm.gtil, sm.gtil_lo, np);
+        if (a.tk) tilde_times_onehot<T>(kb, sm.ktil + own, sm.ktil_lo + own, qc, np);
+      }
+      const int lo[2] = {win0.x - q0 - 2 * t, win1.x - q0 - 2 * t}, hi[2] = {win0.y - q0 - 2 * t, win1.y - q0 - 2 * t};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (!live[nt / 2]) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = nt * 8 + (e & 1), i = e >> 1;
+          float p = 0.f, ds = 0.f;
+          if (c >= lo[i] && c < hi[i]) {
+            const int col = c + 2 * t;
+            p = fast_exp2(s[nt][e] * sl2 + kb[nt][e] * kLog2e - lse[col] * kLog2e);
+            ds = p * (dp[nt][e] - delta[col]);
+          }
+          s[nt][e] = p;
+          dp[nt][e] = ds;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < NT / 2; ++kk) {
+        if (!live[kk]) continue;
+        uint32_t pa[4], da[4];
+        c_to_a<T>(pa, s, kk);
+        mma_ab<DP, LD>(dv, pa, G, kk);
+        c_to_a<T>(da, dp, kk);
+        mma_ab<DP, LD>(dk, da, Q, kk);
+        if (a.tk) onehot_hist_add<T>(hk, da, qc, kk);
+      }
+    });
+    // dk = scale·dSᵀQ + Σ_n Hk[n]·Tk[n] (the key-side table term carries no scale); dTk = Hkᵀ·K.
+    const float f = static_cast<float>(a.scale);
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[dt][e] *= f;
+    if (a.tk) {
+      __syncthreads();  // every warp has left the loop: its tables become Tk, the histogram and the K tile
+      async_rows<DP, LD, kThreads>(sm.tk, a.tk, a.H, 0, a.L3, a.L3p, h);
+      async_block<DP, LD, R, kThreads>(sm.Xk, a.k, a.H, c0, nkeys, h);
+      cp_async_commit();
+      const float one[2] = {1.f, 1.f};
+      float* hrow = sm.hist + warp * 16 * sm.hlp;
+      onehot_hist_store<false>(hrow, sm.hlp, hk, ck, one, L, shift);
+      cp_async_wait<0>();
+      __syncthreads();
+      if (active) add_hist_times_table<DP>(dk, hrow, sm.hlp, sm.tk, a.L3p);
+      table_grad_mma<DP, LD>(a.dtk + (int64_t)blockIdx.x * a.L3 * a.H * DP, sm.hist, sm.hlp, sm.Xk, a.L3, a.L3p,
+                             a.H, h, 1.f);
+    }
+    if (active) {
+      store_c_rows<DP>(a.dk, dk, a.N, a.H, w0, h, 1.f, 1.f);
+      store_c_rows<DP>(a.dv, dv, a.N, a.H, w0, h, 1.f, 1.f);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sptr

@@ -1,0 +1,200 @@
+// The one-hot table terms shared by the fp16/bf16 forward and backward kernels of the fused window attention
+// (cubic tables, cell coordinates inside [0, kOneHot): fused_window_attention_mma.cuh explains the scheme).
+// A token's table products x·T[n] become its "tilde" row X̃[32·a + u] = x·T[rel_a(u)·3 + a], whose pairing
+// with the one-hot matrix E of the other side's coordinates is an mma. The relative index of axis a is
+// c − u + s for the query side (the pair's query has coordinate c, its key u) and u − c + s for the key side.
+#pragma once
+#include "fused_window_attention_tiles.cuh"
+
+namespace sptr {
+namespace {
+
+// Table row of axis coordinate c paired with one-hot column u on the query side (QUERY) or the key side.
+template <bool QUERY>
+__device__ __forceinline__ int onehot_rel(int c, int u, int shift, int L) {
+  return clamp_rel(QUERY ? c - u + shift : u - c + shift, L);
+}
+
+// Tilde rows (hi and lo planes, [row][kOneHotLd] 16-bit) of `rows` tokens from their table products (hi and lo
+// planes, [row][lp] 16-bit, column n = rel·3 + a) and coordinates ([row][3] in shared memory); all threads of
+// the CTA take part.
+template <bool QUERY, typename T>
+__device__ void onehot_tilde(T* til, T* til_lo, const T* prod, const T* prod_lo, int lp, const int* coords, int rows,
+                             int L, int shift) {
+  using namespace mma;
+  constexpr int HALF = kOneHotK / 2;  // 16-bit pairs of a tilde row
+  for (int idx = threadIdx.x; idx < 2 * rows * HALF; idx += kThreads) {
+    const int plane = idx / (rows * HALF), rest = idx % (rows * HALF);
+    const int j = rest / HALF, m2 = rest % HALF, col = m2 / (kOneHot / 2);
+    const int u = (m2 % (kOneHot / 2)) * 2, c = coords[j * 3 + col];
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(plane ? prod_lo : prod) + j * lp + col;
+    const uint32_t lo = row[onehot_rel<QUERY>(c, u, shift, L) * 3], hi = row[onehot_rel<QUERY>(c, u + 1, shift, L) * 3];
+    *reinterpret_cast<uint32_t*>((plane ? til_lo : til) + j * kOneHotLd + col * kOneHot + u) = lo | hi << 16;
+  }
+}
+
+// Tilde rows of a block of BN tokens (rows_tile: [row][LD] in shared memory, coordinates `coords`) with the
+// staged table `table`: their table products into prod/prod_lo (warps split the 16-row groups and the table
+// columns), then the tilde rows. Ends with the CTA synchronised.
+template <bool QUERY, int DP, int BN, typename T>
+__device__ void block_tilde(T* til, T* til_lo, T* prod, T* prod_lo, int lp, const T* rows_tile, const T* table,
+                            const int* coords, int L3p, int L, int shift) {
+  using namespace mma;
+  constexpr int LD = kLd<DP>, RG = BN / 16, PARTS = kWarps / RG;
+  const int warp = threadIdx.x >> 5, rg = warp % RG, part = warp / RG, npairs = L3p / 16;
+  uint32_t f[DP / 16][4];
+  ldmatrix_a_rows<DP, LD>(f, rows_tile + rg * 16 * LD);
+  table_products16<DP, LD>(prod + rg * 16 * lp, prod_lo + rg * 16 * lp, lp, f, table, part * npairs / PARTS,
+                           (part + 1) * npairs / PARTS);
+  __syncthreads();
+  onehot_tilde<QUERY>(til, til_lo, prod, prod_lo, lp, coords, BN, L, shift);
+  __syncthreads();
+}
+
+// acc (16 rows x 16 tokens of group np, C tiles 2np and 2np+1) += A · Ẽᵀ-style products with the tilde rows of
+// a block in shared memory: acc[i][j] += Σ_m E_i[m] · X̃_j[m], E from the coordinates of the thread's rows g and
+// g+8 (c0, c1), both planes of X̃.
+template <typename T, int NT>
+__device__ __forceinline__ void onehot_rows_times_tilde(float (&acc)[NT][4], const int (&c0)[3], const int (&c1)[3],
+                                                        const T* til, const T* til_lo, int np) {
+  using namespace mma;
+  const int lane = threadIdx.x & 31;
+  const int rowo = (np * 16 + (lane >> 4) * 8 + (lane & 7)) * kOneHotLd + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < kOneHotK / 16; ++kk) {
+    uint32_t e[4], b[4];
+    onehot_a<T>(e, c0, c1, kk);
+#pragma unroll
+    for (int plane = 0; plane < 2; ++plane) {
+      ldmatrix_x4(b, (plane ? til_lo : til) + rowo + kk * 16);
+      mma_16816<T>(acc[2 * np], e, b[0], b[1]);
+      mma_16816<T>(acc[2 * np + 1], e, b[2], b[3]);
+    }
+  }
+}
+
+// acc (C tiles 2np, 2np+1) += X̃ · Eᵀ for the warp's 16 own tilde rows (shared memory, from row `own`) and the
+// 16 tokens of group np whose coordinates are `coords` ([token][3], block-local).
+template <typename T, int NT>
+__device__ __forceinline__ void tilde_times_onehot(float (&acc)[NT][4], const T* til, const T* til_lo,
+                                                   const int* coords, int np) {
+  using namespace mma;
+  const int lane = threadIdx.x & 31, g = lane >> 2;
+  const T* arow = til + (lane & 15) * kOneHotLd + (lane >> 4) * 8;
+  const T* arow_lo = til_lo + (lane & 15) * kOneHotLd + (lane >> 4) * 8;
+  const int* ca = coords + (np * 16 + g) * 3;
+  const int* cb = coords + (np * 16 + 8 + g) * 3;
+#pragma unroll
+  for (int kk = 0; kk < kOneHotK / 16; ++kk) {
+    uint32_t hi[4], lo[4], b0, b1;
+    ldmatrix_x4(hi, arow + kk * 16);
+    ldmatrix_x4(lo, arow_lo + kk * 16);
+    onehot_b<T>(b0, b1, ca, kk);
+    mma_16816<T>(acc[2 * np], hi, b0, b1);
+    mma_16816<T>(acc[2 * np], lo, b0, b1);
+    onehot_b<T>(b0, b1, cb, kk);
+    mma_16816<T>(acc[2 * np + 1], hi, b0, b1);
+    mma_16816<T>(acc[2 * np + 1], lo, b0, b1);
+  }
+}
+
+// Per-axis one-hot histogram accumulators: G[a·4 + u/8] (C tiles, 16 rows x 32 columns u per axis a).
+using OneHotHist = float[3 * mma::kOneHot / 8][4];
+
+// G_a += X · E_a for the 16 tokens of k-step kk, X its A fragment (16 rows x 16 tokens), the tokens'
+// coordinates `coords` ([token][3], block-local): token 16kk + 2t, 2t+1 (b0) and 8 + 2t, 9 + 2t (b1).
+template <typename T>
+__device__ __forceinline__ void onehot_hist_add(OneHotHist& G, const uint32_t (&x)[4], const int* coords, int kk) {
+  using namespace mma;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int* c0 = coords + (kk * 16 + 2 * t) * 3;
+  const int* c8 = coords + (kk * 16 + 8 + 2 * t) * 3;
+#pragma unroll
+  for (int col = 0; col < 3; ++col) {
+    const int c00 = c0[col], c01 = c0[3 + col], c80 = c8[col], c81 = c8[3 + col];
+#pragma unroll
+    for (int ut = 0; ut < kOneHot / 8; ++ut) {
+      const int u = ut * 8 + g;
+      mma_16816<T>(G[col * (kOneHot / 8) + ut], x, onehot2<T>(c00, c01, u), onehot2<T>(c80, c81, u));
+    }
+  }
+}
+
+// The histogram rows of the thread's rows g and g+8 (hrow: the warp's 16 rows, pitch hlp, fp32) from G times
+// f[i] per row: H[i][rel_a(c_i,a, u)·3 + a] = Σ_u G_a[i][u], c the rows' own coordinates. For one row and axis
+// the relative index differs for every u, so an unclamped entry owns its bin; the entries clamped to either
+// end of the table are summed per lane, then over the quad in lane order (bitwise reproducible).
+template <bool QUERY>
+__device__ __forceinline__ void onehot_hist_store(float* hrow, int hlp, const OneHotHist& G, const int (&c)[2][3],
+                                                  const float (&f)[2], int L, int shift) {
+  using namespace mma;
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  for (int i = lane; i < 16 * hlp; i += 32) hrow[i] = 0.f;
+  __syncwarp();
+  float edge[2][3][2] = {};
+#pragma unroll
+  for (int x = 0; x < 3 * kOneHot / 8; ++x) {
+    const int col = x / (kOneHot / 8);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = e >> 1, u = (x % (kOneHot / 8)) * 8 + 2 * t + (e & 1);
+      const int rel = QUERY ? c[i][col] - u + shift : u - c[i][col] + shift;
+      const float val = G[x][e] * f[i];
+      if (rel <= 0) edge[i][col][0] += val;
+      else if (rel >= L - 1) edge[i][col][1] += val;
+      else hrow[(g + 8 * i) * hlp + rel * 3 + col] = val;
+    }
+  }
+  const int quad = lane & ~3;
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int col = 0; col < 3; ++col)
+#pragma unroll
+      for (int side = 0; side < 2; ++side) {
+        float sum = 0.f;
+#pragma unroll
+        for (int src = 0; src < 4; ++src) sum += __shfl_sync(0xffffffffu, edge[i][col][side], quad + src);
+        if (t == 0) hrow[(g + 8 * i) * hlp + (side ? L - 1 : 0) * 3 + col] += sum;
+      }
+  __syncwarp();
+}
+
+// 0 in *flag if a coordinate lies outside [0, kOneHot) (the flag starts at 1).
+__global__ void onehot_range_kernel(const int32_t* coords, int64_t n, int* flag) {
+  SPTR_GRID_STRIDE(i, n) {
+    const int c = coords[i];
+    if (c < 0 || c >= mma::kOneHot) *flag = 0;
+  }
+}
+
+// A device flag, 1 while every coordinate lies inside the one-hot range: the one-hot kernels and the gather
+// kernels are both launched and one of them returns at once, with no host sync.
+inline at::Tensor onehot_flag(const FusedOperands& o) {
+  at::Tensor flag = at::ones({1}, o.coords.options());
+  onehot_range_kernel<<<grid_for(o.N * 3, 256), 256, 0, at::cuda::getCurrentCUDAStream()>>>(
+      o.coords.const_data_ptr<int32_t>(), o.N * 3, flag.data_ptr<int>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return flag;
+}
+
+// Dynamic shared memory of `kernel` if it fits the device (opting in above 48 KB), else 0.
+template <typename Kernel>
+size_t fit_smem(Kernel* kernel, size_t bytes) {
+  if (bytes > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return 0;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+  return bytes;
+}
+
+__host__ __device__ constexpr uintptr_t align128(uintptr_t x) { return (x + 127) & ~uintptr_t(127); }
+
+// At least `need` bytes of `b` from `start` on: a buffer that overlays the ones taken since `start`.
+__host__ __device__ inline void reserve_from(Bump& b, uintptr_t start, uintptr_t need) {
+  const uintptr_t used = b.base + b.off > start ? b.base + b.off - start : 0;
+  if (need > used) b.take<char>(need - used);
+}
+// The 128-byte aligned address the next take of `b` returns.
+__host__ __device__ inline uintptr_t next_take(const Bump& b) { return b.base + align128(b.off); }
+
+}  // namespace
+}  // namespace sptr

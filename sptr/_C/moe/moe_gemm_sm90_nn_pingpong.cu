@@ -1,6 +1,0 @@
-// The sm90 grouped GEMM of layout kNN, tile kPingpong (moe_gemm_sm90.h), in its own translation unit.
-#ifdef SPTR_WITH_SM90A
-#include "moe_gemm_sm90.cuh"  // first: it sets NDEBUG for the whole unit
-
-SPTR_SM90_INSTANTIATE(kNN, kPingpong)
-#endif
