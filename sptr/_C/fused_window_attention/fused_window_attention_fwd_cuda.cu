@@ -331,7 +331,7 @@ template <int DP, typename T>
 struct OneHotFwdSmem {
   static constexpr int BN = 32, LD = mma::kLd<DP>;
   // Products are kept as hi and lo 16-bit planes (table_products16): qt/qt_lo, kt/kt_lo, ktil/ktil_lo.
-  T *table, *K, *V, *qt, *qt_lo, *kt, *kt_lo, *ktil, *ktil_lo, *E;  // E: the key block's one-hot rows
+  T *table, *K, *V, *qt, *qt_lo, *kt, *kt_lo, *ktil, *ktil_lo;
   int* kc;
   float* hv;
   int lp, hlp;  // row pitch of qt/kt (16-bit elements, odd in words: no bank conflicts between rows) and hv
@@ -347,7 +347,6 @@ struct OneHotFwdSmem {
     kt_lo = b.take_if<T>(a.tk != nullptr, BN * lp);
     ktil = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
     ktil_lo = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
-    E = b.take<T>(BN * mma::kOneHotLd);
     qt_lo = a.tq != nullptr ? reinterpret_cast<T*>(keys) : nullptr;
     reserve_from(b, keys, a.tq != nullptr ? uintptr_t(mma::kRows) * lp * sizeof(T) : 0);
     hv = reinterpret_cast<float*>(K);
@@ -426,9 +425,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
     const T* K = sm.K + buf * BN * LD;
     const T* V = sm.V + buf * BN * LD;
     const int* kc = sm.kc + buf * BN * 3;
-    onehot_block(sm.E, kc, BN);
     if (a.tk) block_tilde<false, DP, BN>(sm.ktil, sm.ktil_lo, sm.kt, sm.kt_lo, sm.lp, K, sm.table, kc, a.L3p, L, shift);
-    else __syncthreads();  // block_tilde's barriers publish E
     if (active && c0 < wrange.y && c0 + BN > wrange.x) {
       float s[NT][4] = {}, kb[NT][4] = {};
       bool live[NT / 2];  // the 16 keys touch the warp's windows (warp-uniform); others stay p = 0
@@ -437,16 +434,19 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
         live[np] = overlaps16(c0 + 16 * np, wrange);
         if (!live[np]) continue;
         mma_abt_pair<DP, LD>(s, qf, K, np);
-        if (a.tq) {  // s += Q̃·Eᵀ (Q̃ in registers)
-          const T* brow = sm.E + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * kOneHotLd + ((lane >> 3) & 1) * 8;
+        if (a.tq) {  // s += Q̃·Eᵀ: keys np·16 + g (tile 2np) and np·16 + 8 + g (tile 2np + 1)
+          const int* c0k = kc + (np * 16 + g) * 3;
+          const int* c1k = kc + (np * 16 + 8 + g) * 3;
+          const int k0[3] = {c0k[0], c0k[1], c0k[2]}, k1[3] = {c1k[0], c1k[1], c1k[2]};
 #pragma unroll
           for (int kk = 0; kk < KK; ++kk) {
-            uint32_t b[4];
-            ldmatrix_x4(b, brow + kk * 16);
-            mma_16816<T>(s[2 * np], qtil[0][kk], b[0], b[1]);
-            mma_16816<T>(s[2 * np], qtil[1][kk], b[0], b[1]);
-            mma_16816<T>(s[2 * np + 1], qtil[0][kk], b[2], b[3]);
-            mma_16816<T>(s[2 * np + 1], qtil[1][kk], b[2], b[3]);
+            uint32_t b0, b1;
+            onehot_b<T>(b0, b1, k0, kk);
+            mma_16816<T>(s[2 * np], qtil[0][kk], b0, b1);
+            mma_16816<T>(s[2 * np], qtil[1][kk], b0, b1);
+            onehot_b<T>(b0, b1, k1, kk);
+            mma_16816<T>(s[2 * np + 1], qtil[0][kk], b0, b1);
+            mma_16816<T>(s[2 * np + 1], qtil[1][kk], b0, b1);
           }
         }
         if (a.tk) onehot_rows_times_tilde<T>(kb, cq[0], cq[1], sm.ktil, sm.ktil_lo, np);  // kb = E_q·K̃ᵀ
@@ -481,7 +481,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
         uint32_t pa[4];
         c_to_a<T>(pa, s, kk);
         mma_ab<DP, LD>(o, pa, V, kk);
-        if (a.tv) onehot_hist_add(gv, pa, sm.E, kk);  // G_a += P·E_a
+        if (a.tv) onehot_hist_add<T>(gv, pa, kc, kk);  // G_a += P·E_a
       }
     }
   });
