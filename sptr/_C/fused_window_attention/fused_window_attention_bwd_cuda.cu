@@ -343,18 +343,6 @@ __device__ void stage_own(const S& sm, const Args<T>& a, const T* x, const T* y,
   ldmatrix_a_rows<DP, LD>(yf, sm.B + warp * 16 * LD);
 }
 
-// Products of the block's rows (16-row groups of `rows_tile`, BN rows) with a staged table, into dst
-// (BN x lp): the warps split the row groups and the table columns.
-template <int DP, int BN, typename T>
-__device__ void block_products(float* dst, int lp, const T* rows_tile, const T* table, int L3p) {
-  using namespace mma;
-  constexpr int LD = kLd<DP>, RG = BN / 16, PARTS = kWarps / RG;
-  const int warp = threadIdx.x >> 5, rg = warp % RG, part = warp / RG, npairs = L3p / 16;
-  uint32_t f[DP / 16][4];
-  ldmatrix_a_rows<DP, LD>(f, rows_tile + rg * 16 * LD);
-  table_products<DP, LD>(dst + rg * 16 * lp, lp, f, table, part * npairs / PARTS, (part + 1) * npairs / PARTS);
-}
-
 // The work items of the backward CTAs (num_items): without tables one CTA an item; with tables the grid is
 // persistent (each CTA owns a slot of the table-gradient partials) and takes items round-robin, so the partial
 // sums, and the result, are the same run to run.

@@ -40,17 +40,6 @@ __device__ void own_tilde(T* til, T* til_lo, T* own, T* own_lo, int lp, T* table
   __syncthreads();
 }
 
-// acc (16 x DP) += Σ_n hist[r][n] · table[n] over the warp's 16 histogram rows (hrow, pitch hlp).
-template <int DP, typename T>
-__device__ __forceinline__ void add_hist_times_table(float (&acc)[DP / 8][4], const float* hrow, int hlp, const T* table,
-                                                     int L3p) {
-  for (int kk = 0; kk < L3p / 16; ++kk) {
-    uint32_t ha[4];
-    mma::smem_rows_to_a<T>(ha, hrow, hlp, kk, 1.f, 1.f);
-    mma::mma_ab<DP, mma::kLd<DP>>(acc, ha, table, kk);
-  }
-}
-
 // Shared memory of bwd_dq_onehot_kernel: 64 query rows, 32-key blocks double-buffered. The own rows' table
 // products overlay the key-side buffers before the loop; the histogram and the own Q and dO tiles (operands
 // of the table gradients) overlay Q̃ and G̃ after it.
@@ -208,7 +197,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
       onehot_hist_store<true>(hrow, sm.hlp, hq, cq, one, L, shift);
       cp_async_wait<0>();
       __syncthreads();
-      if (active) add_hist_times_table<DP>(dq, hrow, sm.hlp, sm.table, a.L3p);
+      if (active) add_rows_times_table<DP, LD>(dq, hrow, sm.hlp, sm.table, a.L3p, 1.f, 1.f);
       table_grad_mma<DP, LD>(a.dtq + slot, sm.hist, sm.hlp, sm.Xq, a.L3, a.L3p, a.H, h, a.scale);
       __syncthreads();
     }
@@ -391,7 +380,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dk
       onehot_hist_store<false>(hrow, sm.hlp, hk, ck, one, L, shift);
       cp_async_wait<0>();
       __syncthreads();
-      if (active) add_hist_times_table<DP>(dk, hrow, sm.hlp, sm.tk, a.L3p);
+      if (active) add_rows_times_table<DP, LD>(dk, hrow, sm.hlp, sm.tk, a.L3p, 1.f, 1.f);
       table_grad_mma<DP, LD>(a.dtk + (int64_t)blockIdx.x * a.L3 * a.H * DP, sm.hist, sm.hlp, sm.Xk, a.L3, a.L3p,
                              a.H, h, 1.f);
     }

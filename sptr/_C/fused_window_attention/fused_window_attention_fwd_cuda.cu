@@ -534,7 +534,8 @@ bool launch_mma_forward(const FusedOperands& o, Args<T> a) {
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       int per_sm = 0;
       C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, mma::kThreads, bytes));
-      grid = std::min<unsigned int>(grid, std::max(1, per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+      const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+      grid = std::min<unsigned int>(grid, std::max(1, per_sm) * sms);
     }
     kernel<<<grid, mma::kThreads, bytes, stream>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -105,22 +105,30 @@ __device__ __forceinline__ void ldmatrix_a_rows(uint32_t (&f)[DP / 16][4], const
   for (int kk = 0; kk < DP / 16; ++kk) ldmatrix_x4(f[kk], p + kk * 16);
 }
 
-// dst[r][n] = X_r · T_n (fp32, row pitch lp) for the 16 rows whose A fragments are `a` and the table rows
-// n in [16·np0, 16·np1) of T ([row][LD] in shared memory): the per-token table products.
-template <int DP, int LD, typename T>
-__device__ __forceinline__ void table_products(float* dst, int lp, const uint32_t (&a)[DP / 16][4], const T* table,
-                                               int np0, int np1) {
-  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+// The per-token table products X_r · T_n of the 16 rows whose A fragments are `a` and the table rows n in
+// [16·np0, 16·np1) of T ([row][LD] in shared memory): store(col, c) gets each C tile c (rows g and g+8,
+// columns col and col + 1).
+template <int DP, int LD, typename T, typename Store>
+__device__ __forceinline__ void each_table_product(const uint32_t (&a)[DP / 16][4], const T* table, int np0, int np1,
+                                                   const Store& store) {
+  const int t = threadIdx.x & 3;
   for (int np = np0; np < np1; ++np) {
     float c[2][4] = {};
     mma_abt_pair<DP, LD>(c, a, table + np * 16 * LD, 0);
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int col = np * 16 + nt * 8 + 2 * t;
-      *reinterpret_cast<float2*>(dst + g * lp + col) = make_float2(c[nt][0], c[nt][1]);
-      *reinterpret_cast<float2*>(dst + (g + 8) * lp + col) = make_float2(c[nt][2], c[nt][3]);
-    }
+    for (int nt = 0; nt < 2; ++nt) store(np * 16 + nt * 8 + 2 * t, c[nt]);
   }
+}
+
+// dst[r][n] = X_r · T_n (fp32, row pitch lp): each_table_product into shared memory.
+template <int DP, int LD, typename T>
+__device__ __forceinline__ void table_products(float* dst, int lp, const uint32_t (&a)[DP / 16][4], const T* table,
+                                               int np0, int np1) {
+  const int g = (threadIdx.x & 31) >> 2;
+  each_table_product<DP, LD>(a, table, np0, np1, [&](int col, const float (&c)[4]) {
+    *reinterpret_cast<float2*>(dst + g * lp + col) = make_float2(c[0], c[1]);
+    *reinterpret_cast<float2*>(dst + (g + 8) * lp + col) = make_float2(c[2], c[3]);
+  });
 }
 
 // table_products as two 16-bit planes, hi = T(x) in dst and lo = T(x − hi) in dst_lo (row pitch lp elements,
@@ -129,19 +137,13 @@ __device__ __forceinline__ void table_products(float* dst, int lp, const uint32_
 template <int DP, int LD, typename T>
 __device__ __forceinline__ void table_products16(T* dst, T* dst_lo, int lp, const uint32_t (&a)[DP / 16][4],
                                                  const T* table, int np0, int np1) {
-  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
-  for (int np = np0; np < np1; ++np) {
-    float c[2][4] = {};
-    mma_abt_pair<DP, LD>(c, a, table + np * 16 * LD, 0);
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int col = np * 16 + nt * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(dst + g * lp + col) = pack2<T>(c[nt][0], c[nt][1]);
-      *reinterpret_cast<uint32_t*>(dst + (g + 8) * lp + col) = pack2<T>(c[nt][2], c[nt][3]);
-      *reinterpret_cast<uint32_t*>(dst_lo + g * lp + col) = pack2_residual<T>(c[nt][0], c[nt][1]);
-      *reinterpret_cast<uint32_t*>(dst_lo + (g + 8) * lp + col) = pack2_residual<T>(c[nt][2], c[nt][3]);
-    }
-  }
+  const int g = (threadIdx.x & 31) >> 2;
+  each_table_product<DP, LD>(a, table, np0, np1, [&](int col, const float (&c)[4]) {
+    *reinterpret_cast<uint32_t*>(dst + g * lp + col) = pack2<T>(c[0], c[1]);
+    *reinterpret_cast<uint32_t*>(dst + (g + 8) * lp + col) = pack2<T>(c[2], c[3]);
+    *reinterpret_cast<uint32_t*>(dst_lo + g * lp + col) = pack2_residual<T>(c[0], c[1]);
+    *reinterpret_cast<uint32_t*>(dst_lo + (g + 8) * lp + col) = pack2_residual<T>(c[2], c[3]);
+  });
 }
 
 // One-hot coordinates as mma operands. Cell coordinates inside [0, kOneHot) (quantised_coords of a window with
@@ -237,6 +239,38 @@ constexpr int kRows = kWarps * 16;  // query (or key) rows of a CTA, 16 per warp
 // all banks, so ldmatrix is conflict-free).
 template <int DP> constexpr int kBlock = DP <= 64 ? 64 : 32;
 template <int DP> constexpr int kLd = DP + 8;
+
+// The products of a block of BN rows (16-row groups of rows_tile, [row][LD] in shared memory) with a staged
+// table of L3p rows, split over the warps: warp w takes row group w % RG and a share of the table's 16-row
+// pairs; products(f, rg, np0, np1) gets the group's A fragments f and the pairs [np0, np1).
+template <int DP, int BN, typename T, typename Products>
+__device__ __forceinline__ void split_block_products(const T* rows_tile, int L3p, const Products& products) {
+  constexpr int LD = kLd<DP>, RG = BN / 16, PARTS = kWarps / RG;
+  const int warp = threadIdx.x >> 5, rg = warp % RG, part = warp / RG, npairs = L3p / 16;
+  uint32_t f[DP / 16][4];
+  ldmatrix_a_rows<DP, LD>(f, rows_tile + rg * 16 * LD);
+  products(f, rg, part * npairs / PARTS, (part + 1) * npairs / PARTS);
+}
+
+// dst (BN x lp, fp32) = the block's rows times the staged table (split_block_products).
+template <int DP, int BN, typename T>
+__device__ void block_products(float* dst, int lp, const T* rows_tile, const T* table, int L3p) {
+  split_block_products<DP, BN>(rows_tile, L3p, [&](const uint32_t (&f)[DP / 16][4], int rg, int np0, int np1) {
+    table_products<DP, kLd<DP>>(dst + rg * 16 * lp, lp, f, table, np0, np1);
+  });
+}
+
+// acc (16 x DP) += Σ_n X[r][n] · B[n] for the warp's 16 fp32 rows X (pitch lp; row g scaled by f0, g+8 by f1,
+// rounded to T) and the first L3p rows of B ([n][LD] in shared memory): a histogram times its table.
+template <int DP, int LD, typename T>
+__device__ __forceinline__ void add_rows_times_table(float (&acc)[DP / 8][4], const float* X, int lp, const T* B,
+                                                     int L3p, float f0, float f1) {
+  for (int kk = 0; kk < L3p / 16; ++kk) {
+    uint32_t xa[4];
+    smem_rows_to_a<T>(xa, X, lp, kk, f0, f1);
+    mma_ab<DP, LD>(acc, xa, B, kk);
+  }
+}
 
 // Walks blocks 0..nblocks-1 of a double-buffered cp.async pipeline: load(b) issues and commits block b into
 // buffer b % 2, and block b + 1 is in flight while body(b) runs. Barriers before and after each body.

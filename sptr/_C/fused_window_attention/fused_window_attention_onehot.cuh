@@ -40,12 +40,9 @@ template <bool QUERY, int DP, int BN, typename T>
 __device__ void block_tilde(T* til, T* til_lo, T* prod, T* prod_lo, int lp, const T* rows_tile, const T* table,
                             const int* coords, int L3p, int L, int shift) {
   using namespace mma;
-  constexpr int LD = kLd<DP>, RG = BN / 16, PARTS = kWarps / RG;
-  const int warp = threadIdx.x >> 5, rg = warp % RG, part = warp / RG, npairs = L3p / 16;
-  uint32_t f[DP / 16][4];
-  ldmatrix_a_rows<DP, LD>(f, rows_tile + rg * 16 * LD);
-  table_products16<DP, LD>(prod + rg * 16 * lp, prod_lo + rg * 16 * lp, lp, f, table, part * npairs / PARTS,
-                           (part + 1) * npairs / PARTS);
+  split_block_products<DP, BN>(rows_tile, L3p, [&](const uint32_t (&f)[DP / 16][4], int rg, int np0, int np1) {
+    table_products16<DP, kLd<DP>>(prod + rg * 16 * lp, prod_lo + rg * 16 * lp, lp, f, table, np0, np1);
+  });
   __syncthreads();
   onehot_tilde<QUERY>(til, til_lo, prod, prod_lo, lp, coords, BN, L, shift);
   __syncthreads();
