@@ -34,24 +34,35 @@ from sptr.models import qwen2_5_vl_moe as wx  # noqa: E402
 IMG, VS, VE, ACTION = 151655, 151652, 151653, 151666
 
 
+def transformers_major():
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
 def config(args):
+    """The config in the form of the installed transformers: 4.x takes the text fields at the top level and
+    ``rope_scaling``; 5.x takes them in ``text_config`` with ``rope_parameters``."""
     from transformers import Qwen2_5_VLConfig
 
     heads = max(2, args.hidden // 128)
     half = args.hidden // heads // 2
     section = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]  # 128: [16, 24, 24]
-    return Qwen2_5_VLConfig(
-        vocab_size=151700, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 2,
-        num_hidden_layers=args.layers,
-        num_attention_heads=heads, num_key_value_heads=max(1, heads // 4),
-        rope_scaling={"type": "mrope", "mrope_section": section}, max_position_embeddings=4096,
-        vision_config={"depth": args.vision_depth, "hidden_size": args.vision_hidden, "intermediate_size":
-                       args.vision_hidden * 4, "num_heads": max(2, args.vision_hidden // 80), "out_hidden_size":
-                       args.hidden, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
-                       "window_size": 112, "fullatt_block_indexes": [args.vision_depth - 1], "tokens_per_second": 2,
-                       "in_chans": 3},
-        image_token_id=IMG, video_token_id=151656, vision_start_token_id=VS, vision_end_token_id=VE,
-        attn_implementation=args.attn)
+    text = dict(vocab_size=151700, hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 2,
+                num_hidden_layers=args.layers, num_attention_heads=heads, num_key_value_heads=max(1, heads // 4),
+                max_position_embeddings=4096)
+    vision = {"depth": args.vision_depth, "hidden_size": args.vision_hidden, "intermediate_size":
+              args.vision_hidden * 4, "num_heads": max(2, args.vision_hidden // 80), "out_hidden_size": args.hidden,
+              "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+              "fullatt_block_indexes": [args.vision_depth - 1], "tokens_per_second": 2, "in_chans": 3}
+    ids = dict(image_token_id=IMG, video_token_id=151656, vision_start_token_id=VS, vision_end_token_id=VE)
+    if transformers_major() >= 5:
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": section}
+        cfg = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
+        cfg._attn_implementation = args.attn
+        return cfg
+    return Qwen2_5_VLConfig(**text, rope_scaling={"type": "mrope", "mrope_section": section},
+                            vision_config=vision, attn_implementation=args.attn, **ids)
 
 
 def batch(args, device, seed=0):
@@ -71,7 +82,12 @@ def batch(args, device, seed=0):
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids,
             "image_grid_thw": torch.tensor([[1, h, w]] * args.batch, device=device),
             "pixel_values": torch.randn(args.batch * h * w, 3 * 2 * 14 * 14, generator=g).to(device),
-            "moe_token_types": (ids == ACTION).long()}
+            "moe_token_types": (ids == ACTION).long(), **image_token_types(ids)}
+
+
+def image_token_types(ids):
+    """transformers 5.x takes the image tokens' positions as ``mm_token_type_ids`` (1 = image)."""
+    return {"mm_token_type_ids": (ids == IMG).int()} if transformers_major() >= 5 else {}
 
 
 class LoopMLP:
@@ -98,7 +114,7 @@ def build(kind, cfg, args, device):
                                                               action_token_id=ACTION))
     if kind != "sptr":
         qwen2_5_vl.restore(model)
-        for layer in model.model.layers:
+        for layer in wx.decoder_layers(model):
             layer.mlp = LoopMLP(layer, model)
     if kind == "wall-x + liger":
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2_5_vl
@@ -193,7 +209,7 @@ def fsdp_main(args):
     inputs = batch(args, device, seed=rank)
     model = build("sptr", cfg, args, device)
     mesh = init_device_mesh(device.type, (world,))
-    for layer in model.model.layers:
+    for layer in wx.decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     ms, peak, resident = measure(model, inputs, args, device)

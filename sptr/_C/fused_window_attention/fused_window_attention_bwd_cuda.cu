@@ -372,12 +372,7 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
     const bool active = it.active;
     const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1;
     float lse2[2], dl[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = w0 + g + 8 * i;
-      lse2[i] = row < a.N ? a.lse_in[(int64_t)row * a.H + h] * kLog2e : 0.f;
-      dl[i] = row < a.N ? a.delta[(int64_t)row * a.H + h] : 0.f;
-    }
+    row_stats(a, w0, h, lse2, dl);
     uint32_t qf[DP / 16][4], gf[DP / 16][4];
     int cq[2][3] = {};
     float rq[2] = {0.f, 0.f};
@@ -408,11 +403,7 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
     float dq[DT][4] = {};
     const int nblocks = (kend - kbeg + BN - 1) / BN;
     auto load = [&](int blk) {
-      const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
-      async_block<DP, LD, BN, kThreads>(sm.X + buf * BN * LD, a.k, a.H, c0, n, h);
-      async_block<DP, LD, BN, kThreads>(sm.Y + buf * BN * LD, a.v, a.H, c0, n, h);
-      if constexpr (REL) async_coords<BN>(sm.oc + buf * BN * 3, sm.orad + buf * BN, a, c0, n);
-      cp_async_commit();
+      load_key_block<DP, BN>(sm.X, sm.Y, REL ? sm.oc : nullptr, sm.orad, a, kbeg, kend, blk, h);
     };
     double_buffered(nblocks, load, [&](int blk) {
       const int c0 = kbeg + blk * BN, buf = blk & 1;
@@ -464,11 +455,7 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
     });
     if constexpr (REL) {
       if (a.tq && active)  // dq's table term Σ_n Hq[n]·Tq[n], scaled with the rest below
-        for (int kk = 0; kk < a.L3p / 16; ++kk) {
-          uint32_t ha[4];
-          smem_rows_to_a<T>(ha, sm.hist1 + warp * 16 * sm.lp, sm.lp, kk, 1.f, 1.f);
-          mma_ab<DP, LD>(dq, ha, sm.tq, kk);
-        }
+        add_rows_times_table<DP, LD>(dq, sm.hist1 + warp * 16 * sm.lp, sm.lp, sm.tq, a.L3p, 1.f, 1.f);
     }
     if (active) {
       const float f = static_cast<float>(a.scale);
@@ -601,11 +588,7 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
       for (int e = 0; e < 4; ++e) dk[dt][e] *= f;
     if constexpr (REL) {
       if (a.tk && active)
-        for (int kk = 0; kk < a.L3p / 16; ++kk) {
-          uint32_t ha[4];
-          smem_rows_to_a<T>(ha, sm.hist1 + warp * 16 * sm.lp, sm.lp, kk, 1.f, 1.f);
-          mma_ab<DP, LD>(dk, ha, sm.tk, kk);
-        }
+        add_rows_times_table<DP, LD>(dk, sm.hist1 + warp * 16 * sm.lp, sm.lp, sm.tk, a.L3p, 1.f, 1.f);
     }
     if (active) {
       store_c_rows<DP>(a.dk, dk, a.N, a.H, w0, h, 1.f, 1.f);

@@ -49,6 +49,7 @@ struct OneHotDqSmem {
   int *oc, *kc;                          // own coordinates; the key blocks' (2 buffers)
   T* table;                              // Tq, Tv before the loop, Tk in it, Tq after it
   T *K, *V, *kt, *kt_lo, *ktil, *ktil_lo;  // key blocks (2 buffers), their k·Tk products and K̃
+  T* E;                                  // the key block's one-hot rows
   T *own, *own_lo;                       // own q·Tq or dO·Tv products (before the loop)
   T *qtil, *qtil_lo, *gtil, *gtil_lo;    // own Q̃ and G̃ (the loop)
   float* hist;                           // Hq, then Hv (after the loop), pitch hlp
@@ -65,6 +66,7 @@ struct OneHotDqSmem {
     kt_lo = b.take_if<T>(a.tk != nullptr, BN * lp);
     ktil = b.take_if<T>(a.tk != nullptr, BN * TL);
     ktil_lo = b.take_if<T>(a.tk != nullptr, BN * TL);
+    E = b.take<T>(BN * TL);
     own = reinterpret_cast<T*>(keys);
     own_lo = reinterpret_cast<T*>(keys + align128(R * lp * sizeof(T)));
     if (a.tq != nullptr || a.tv != nullptr) reserve_from(b, keys, 2 * align128(R * lp * sizeof(T)));
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
   const Smem sm(bump, a);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
   const int L = a.rel.L, shift = a.rel.rel_shift;
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   const int64_t slot = (int64_t)blockIdx.x * a.L3 * a.H * DP;
@@ -107,12 +109,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
     const bool active = it.active;
     const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1;
     float lse2[2], dl[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int row = w0 + g + 8 * i;
-      lse2[i] = row < a.N ? a.lse_in[(int64_t)row * a.H + h] * kLog2e : 0.f;
-      dl[i] = row < a.N ? a.delta[(int64_t)row * a.H + h] : 0.f;
-    }
+    row_stats(a, w0, h, lse2, dl);
     uint32_t qf[DP / 16][4], gf[DP / 16][4];
     load_a_rows<DP>(qf, a.q, a.N, a.H, w0, h);
     load_a_rows<DP>(gf, a.dout, a.N, a.H, w0, h);
@@ -130,19 +127,17 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
     float dq[DT][4] = {};
     OneHotHist hq = {}, hv = {};
     const int nblocks = (kend - kbeg + BN - 1) / BN;
-    auto load = [&](int blk) {
-      const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
-      async_block<DP, LD, BN, kThreads>(sm.K + buf * BN * LD, a.k, a.H, c0, n, h);
-      async_block<DP, LD, BN, kThreads>(sm.V + buf * BN * LD, a.v, a.H, c0, n, h);
-      async_coords<BN>(sm.kc + buf * BN * 3, nullptr, a, c0, n);
-      cp_async_commit();
-    };
+    auto load = [&](int blk) { load_key_block<DP, BN>(sm.K, sm.V, sm.kc, nullptr, a, kbeg, kend, blk, h); };
     double_buffered(nblocks, load, [&](int blk) {
       const int c0 = kbeg + blk * BN, buf = blk & 1;
       const T* K = sm.K + buf * BN * LD;
       const T* V = sm.V + buf * BN * LD;
       const int* kc = sm.kc + buf * BN * 3;
-      if (a.tk) block_tilde<false, DP, BN>(sm.ktil, sm.ktil_lo, sm.kt, sm.kt_lo, sm.lp, K, sm.table, kc, a.L3p, L, shift);
+      onehot_block(sm.E, kc, BN);
+      if (a.tk)
+        block_tilde<false, DP, BN>(sm.ktil, sm.ktil_lo, sm.kt, sm.kt_lo, sm.lp, K, sm.table, kc, a.L3p, L, shift);
+      else
+        __syncthreads();  // block_tilde's barriers publish E
       if (!active || c0 >= wrange.y || c0 + BN <= wrange.x) return;
       float s[NT][4] = {}, dp[NT][4] = {}, kb[NT][4] = {};
       bool live[NT / 2];  // the 16 keys touch the warp's windows (warp-uniform); others stay p = dS = 0
@@ -152,8 +147,8 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
         if (!live[np]) continue;
         mma_abt_pair<DP, LD>(s, qf, K, np);
         mma_abt_pair<DP, LD>(dp, gf, V, np);
-        if (a.tq) tilde_times_onehot<T>(s, sm.qtil + own, sm.qtil_lo + own, kc, np);
-        if (a.tv) tilde_times_onehot<T>(dp, sm.gtil + own, sm.gtil_lo + own, kc, np);
+        if (a.tq) tilde_times_onehot(s, sm.qtil + own, sm.qtil_lo + own, sm.E, np);
+        if (a.tv) tilde_times_onehot(dp, sm.gtil + own, sm.gtil_lo + own, sm.E, np);
         if (a.tk) onehot_rows_times_tilde<T>(kb, cq[0], cq[1], sm.ktil, sm.ktil_lo, np);
       }
       const int lo[2] = {win0.x - c0 - 2 * t, win1.x - c0 - 2 * t}, hi[2] = {win0.y - c0 - 2 * t, win1.y - c0 - 2 * t};
@@ -178,11 +173,11 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
         uint32_t da[4];
         c_to_a<T>(da, dp, kk);
         mma_ab<DP, LD>(dq, da, K, kk);
-        if (a.tq) onehot_hist_add<T>(hq, da, kc, kk);
+        if (a.tq) onehot_hist_add(hq, da, sm.E, kk);
         if (a.tv) {
           uint32_t pa[4];
           c_to_a<T>(pa, s, kk);
-          onehot_hist_add<T>(hv, pa, kc, kk);
+          onehot_hist_add(hv, pa, sm.E, kk);
         }
       }
     });
@@ -228,6 +223,7 @@ struct OneHotDkvSmem {
   T *ktil, *ktil_lo;                   // own K̃
   T *tq, *tv, *prod, *prod_lo;         // the loop: Tq, Tv, the block's products
   T *qtil, *qtil_lo, *gtil, *gtil_lo;  // the loop: the block's Q̃ and G̃
+  T* E;                                // the loop: the query block's one-hot rows
   T *tk, *own, *own_lo;                // before the loop: Tk and the own products
   float* hist;                         // after the loop (with tk): Hk, pitch hlp
   T* Xk;                               // after the loop: the own K tile
@@ -250,6 +246,7 @@ struct OneHotDkvSmem {
     qtil_lo = b.take_if<T>(a.tq != nullptr, BQ * TL);
     gtil = b.take_if<T>(a.tv != nullptr, BQ * TL);
     gtil_lo = b.take_if<T>(a.tv != nullptr, BQ * TL);
+    E = b.take<T>(BQ * TL);
     const uintptr_t table_bytes = align128(a.L3p * LD * sizeof(T)), prod_bytes = align128(R * lp * sizeof(T));
     const uintptr_t hist_bytes = align128(R * hlp * sizeof(float)), tile_bytes = align128(R * LD * sizeof(T));
     tk = reinterpret_cast<T*>(loop);
@@ -321,8 +318,12 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dk
       const float* lse = sm.lse + buf * BQ;
       const float* delta = sm.delta + buf * BQ;
       const int* qc = sm.qc + buf * BQ * 3;
-      if (a.tq) block_tilde<true, DP, BQ>(sm.qtil, sm.qtil_lo, sm.prod, sm.prod_lo, sm.lp, Q, sm.tq, qc, a.L3p, L, shift);
-      if (a.tv) block_tilde<true, DP, BQ>(sm.gtil, sm.gtil_lo, sm.prod, sm.prod_lo, sm.lp, G, sm.tv, qc, a.L3p, L, shift);
+      onehot_block(sm.E, qc, BQ);
+      if (a.tq)
+        block_tilde<true, DP, BQ>(sm.qtil, sm.qtil_lo, sm.prod, sm.prod_lo, sm.lp, Q, sm.tq, qc, a.L3p, L, shift);
+      if (a.tv)
+        block_tilde<true, DP, BQ>(sm.gtil, sm.gtil_lo, sm.prod, sm.prod_lo, sm.lp, G, sm.tv, qc, a.L3p, L, shift);
+      if (!a.tq && !a.tv) __syncthreads();  // block_tilde's barriers publish E
       if (!active || q0 >= wrange.y || q0 + BQ <= wrange.x) return;
       float s[NT][4] = {}, dp[NT][4] = {}, kb[NT][4] = {};
       bool live[NT / 2];
@@ -334,7 +335,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dk
         mma_abt_pair<DP, LD>(dp, vf, G, np);
         if (a.tq) onehot_rows_times_tilde<T>(s, ck[0], ck[1], sm.qtil, sm.qtil_lo, np);
         if (a.tv) onehot_rows_times_tilde<T>(dp, ck[0], ck[1], sm.gtil, sm.gtil_lo, np);
-        if (a.tk) tilde_times_onehot<T>(kb, sm.ktil + own, sm.ktil_lo + own, qc, np);
+        if (a.tk) tilde_times_onehot(kb, sm.ktil + own, sm.ktil_lo + own, sm.E, np);
       }
       const int lo[2] = {win0.x - q0 - 2 * t, win1.x - q0 - 2 * t}, hi[2] = {win0.y - q0 - 2 * t, win1.y - q0 - 2 * t};
 #pragma unroll
@@ -361,7 +362,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dk
         mma_ab<DP, LD>(dv, pa, G, kk);
         c_to_a<T>(da, dp, kk);
         mma_ab<DP, LD>(dk, da, Q, kk);
-        if (a.tk) onehot_hist_add<T>(hk, da, qc, kk);
+        if (a.tk) onehot_hist_add(hk, da, sm.E, kk);
       }
     });
     // dk = scale·dSᵀQ + Σ_n Hk[n]·Tk[n] (the key-side table term carries no scale); dTk = Hkᵀ·K.

@@ -196,11 +196,7 @@ __device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int nblocks = (kend - kbeg + BN - 1) / BN;
   auto load = [&](int blk) {
-    const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
-    async_block<DP, LD, BN, kThreads>(sm.K + buf * BN * LD, a.k, a.H, c0, n, h);
-    async_block<DP, LD, BN, kThreads>(sm.V + buf * BN * LD, a.v, a.H, c0, n, h);
-    if constexpr (REL) async_coords<BN>(sm.kc + buf * BN * 3, sm.kr + buf * BN, a, c0, n);
-    cp_async_commit();
+    load_key_block<DP, BN>(sm.K, sm.V, REL ? sm.kc : nullptr, sm.kr, a, kbeg, kend, blk, h);
   };
   double_buffered(nblocks, load, [&](int blk) {
     const int c0 = kbeg + blk * BN, buf = blk & 1;
@@ -209,13 +205,8 @@ __device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<
     const int* kc = sm.kc + buf * BN * 3;
     const float* kr = sm.kr + buf * BN;
     if constexpr (REL) {
-      if (a.tk) {  // Kt of the block: warps split its 16-row groups and the table columns
-        constexpr int RG = BN / 16, PARTS = kWarps / RG;
-        const int rg = warp % RG, part = warp / RG, npairs = a.L3p / 16;
-        uint32_t kfa[DP / 16][4];
-        ldmatrix_a_rows<DP, LD>(kfa, K + rg * 16 * LD);
-        table_products<DP, LD>(sm.kt + rg * 16 * sm.lp, sm.lp, kfa, sm.table, part * npairs / PARTS,
-                               (part + 1) * npairs / PARTS);
+      if (a.tk) {  // Kt of the block
+        block_products<DP, BN>(sm.kt, sm.lp, K, sm.table, a.L3p);
         __syncthreads();
       }
     }
@@ -292,12 +283,7 @@ __device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<
       for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[dt][e] *= inv[e >> 1];
-      if (active)
-        for (int kk = 0; kk < a.L3p / 16; ++kk) {
-          uint32_t ha[4];
-          smem_rows_to_a<T>(ha, sm.hv + warp * 16 * sm.lp, sm.lp, kk, inv[0], inv[1]);
-          mma_ab<DP, LD>(o, ha, sm.table, kk);
-        }
+      if (active) add_rows_times_table<DP, LD>(o, sm.hv + warp * 16 * sm.lp, sm.lp, sm.table, a.L3p, inv[0], inv[1]);
       inv[0] = inv[1] = 1.f;
     }
   }
@@ -331,7 +317,7 @@ template <int DP, typename T>
 struct OneHotFwdSmem {
   static constexpr int BN = 32, LD = mma::kLd<DP>;
   // Products are kept as hi and lo 16-bit planes (table_products16): qt/qt_lo, kt/kt_lo, ktil/ktil_lo.
-  T *table, *K, *V, *qt, *qt_lo, *kt, *kt_lo, *ktil, *ktil_lo;
+  T *table, *K, *V, *qt, *qt_lo, *kt, *kt_lo, *ktil, *ktil_lo, *E;  // E: the key block's one-hot rows
   int* kc;
   float* hv;
   int lp, hlp;  // row pitch of qt/kt (16-bit elements, odd in words: no bank conflicts between rows) and hv
@@ -347,6 +333,7 @@ struct OneHotFwdSmem {
     kt_lo = b.take_if<T>(a.tk != nullptr, BN * lp);
     ktil = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
     ktil_lo = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
+    E = b.take<T>(BN * mma::kOneHotLd);
     qt_lo = a.tq != nullptr ? reinterpret_cast<T*>(keys) : nullptr;
     reserve_from(b, keys, a.tq != nullptr ? uintptr_t(mma::kRows) * lp * sizeof(T) : 0);
     hv = reinterpret_cast<float*>(K);
@@ -413,19 +400,16 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
   OneHotHist gv = {};  // G_a[i][u] in C tiles: tile a·4 + u/8
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int nblocks = (kend - kbeg + BN - 1) / BN;
-  auto load = [&](int blk) {
-    const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
-    async_block<DP, LD, BN, kThreads>(sm.K + buf * BN * LD, a.k, a.H, c0, n, h);
-    async_block<DP, LD, BN, kThreads>(sm.V + buf * BN * LD, a.v, a.H, c0, n, h);
-    async_coords<BN>(sm.kc + buf * BN * 3, nullptr, a, c0, n);  // no radial bins on this path
-    cp_async_commit();
-  };
+  // No radial bins on this path.
+  auto load = [&](int blk) { load_key_block<DP, BN>(sm.K, sm.V, sm.kc, nullptr, a, kbeg, kend, blk, h); };
   double_buffered(nblocks, load, [&](int blk) {
     const int c0 = kbeg + blk * BN, buf = blk & 1;
     const T* K = sm.K + buf * BN * LD;
     const T* V = sm.V + buf * BN * LD;
     const int* kc = sm.kc + buf * BN * 3;
+    onehot_block(sm.E, kc, BN);
     if (a.tk) block_tilde<false, DP, BN>(sm.ktil, sm.ktil_lo, sm.kt, sm.kt_lo, sm.lp, K, sm.table, kc, a.L3p, L, shift);
+    else __syncthreads();  // block_tilde's barriers publish E
     if (active && c0 < wrange.y && c0 + BN > wrange.x) {
       float s[NT][4] = {}, kb[NT][4] = {};
       bool live[NT / 2];  // the 16 keys touch the warp's windows (warp-uniform); others stay p = 0
@@ -434,19 +418,16 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
         live[np] = overlaps16(c0 + 16 * np, wrange);
         if (!live[np]) continue;
         mma_abt_pair<DP, LD>(s, qf, K, np);
-        if (a.tq) {  // s += Q̃·Eᵀ: keys np·16 + g (tile 2np) and np·16 + 8 + g (tile 2np + 1)
-          const int* c0k = kc + (np * 16 + g) * 3;
-          const int* c1k = kc + (np * 16 + 8 + g) * 3;
-          const int k0[3] = {c0k[0], c0k[1], c0k[2]}, k1[3] = {c1k[0], c1k[1], c1k[2]};
+        if (a.tq) {  // s += Q̃·Eᵀ (Q̃ in registers)
+          const T* brow = sm.E + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * kOneHotLd + ((lane >> 3) & 1) * 8;
 #pragma unroll
           for (int kk = 0; kk < KK; ++kk) {
-            uint32_t b0, b1;
-            onehot_b<T>(b0, b1, k0, kk);
-            mma_16816<T>(s[2 * np], qtil[0][kk], b0, b1);
-            mma_16816<T>(s[2 * np], qtil[1][kk], b0, b1);
-            onehot_b<T>(b0, b1, k1, kk);
-            mma_16816<T>(s[2 * np + 1], qtil[0][kk], b0, b1);
-            mma_16816<T>(s[2 * np + 1], qtil[1][kk], b0, b1);
+            uint32_t b[4];
+            ldmatrix_x4(b, brow + kk * 16);
+            mma_16816<T>(s[2 * np], qtil[0][kk], b[0], b[1]);
+            mma_16816<T>(s[2 * np], qtil[1][kk], b[0], b[1]);
+            mma_16816<T>(s[2 * np + 1], qtil[0][kk], b[2], b[3]);
+            mma_16816<T>(s[2 * np + 1], qtil[1][kk], b[2], b[3]);
           }
         }
         if (a.tk) onehot_rows_times_tilde<T>(kb, cq[0], cq[1], sm.ktil, sm.ktil_lo, np);  // kb = E_q·K̃ᵀ
@@ -481,7 +462,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
         uint32_t pa[4];
         c_to_a<T>(pa, s, kk);
         mma_ab<DP, LD>(o, pa, V, kk);
-        if (a.tv) onehot_hist_add<T>(gv, pa, kc, kk);  // G_a += P·E_a
+        if (a.tv) onehot_hist_add(gv, pa, sm.E, kk);  // G_a += P·E_a
       }
     }
   });
@@ -499,12 +480,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
     for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[dt][e] *= inv[e >> 1];
-    if (active)
-      for (int kk = 0; kk < a.L3p / 16; ++kk) {
-        uint32_t ha[4];
-        smem_rows_to_a<T>(ha, hrow, sm.hlp, kk, 1.f, 1.f);
-        mma_ab<DP, LD>(o, ha, sm.table, kk);
-      }
+    if (active) add_rows_times_table<DP, LD>(o, hrow, sm.hlp, sm.table, a.L3p, 1.f, 1.f);
     inv[0] = inv[1] = 1.f;
   }
   if (active) store_out_and_lse<DP>(a, o, w0, h, inv, m, l);

@@ -173,13 +173,6 @@ __device__ __forceinline__ void onehot_a(uint32_t (&e)[4], const int (&c0)[3], c
   e[2] = onehot2<T>(c0[col], c0[col] - 1, u + 8);
   e[3] = onehot2<T>(c1[col], c1[col] - 1, u + 8);
 }
-// B fragment of k-step kk of Eᵀ for the key with coordinates c (n = g): entries k = 2t, 2t+1 and 8+2t, 9+2t.
-template <typename T>
-__device__ __forceinline__ void onehot_b(uint32_t& b0, uint32_t& b1, const int* c, int kk) {
-  const int col = kk >> 1, u = (kk & 1) * 16 + 2 * (threadIdx.x & 3);
-  b0 = onehot2<T>(c[col], c[col] - 1, u);
-  b1 = onehot2<T>(c[col], c[col] - 1, u + 8);
-}
 
 // A fragment of columns [16·kk, 16·kk + 16) of 16 fp32 rows (pitch lp) in shared memory, row g scaled by
 // f0 and row g+8 by f1, rounded to T.

@@ -70,51 +70,51 @@ __device__ __forceinline__ void onehot_rows_times_tilde(float (&acc)[NT][4], con
   }
 }
 
-// acc (C tiles 2np, 2np+1) += X̃ · Eᵀ for the warp's 16 own tilde rows (shared memory, from row `own`) and the
-// 16 tokens of group np whose coordinates are `coords` ([token][3], block-local).
-template <typename T, int NT>
-__device__ __forceinline__ void tilde_times_onehot(float (&acc)[NT][4], const T* til, const T* til_lo,
-                                                   const int* coords, int np) {
+// The one-hot rows E[j][32·a + u] = [c_j,a = u] of a block's `rows` tokens (coordinates `coords`, [token][3])
+// into E ([token][kOneHotLd] 16-bit), built once per block by all threads of the CTA (the caller synchronises)
+// and read by every warp with ldmatrix, instead of compares per mma operand.
+template <typename T>
+__device__ __forceinline__ void onehot_block(T* E, const int* coords, int rows) {
   using namespace mma;
-  const int lane = threadIdx.x & 31, g = lane >> 2;
+  constexpr int WORDS = kOneHotK / 2;  // 16-bit pairs of a row
+  for (int idx = threadIdx.x; idx < rows * WORDS; idx += kThreads) {
+    const int j = idx / WORDS, w = idx % WORDS, col = w / (kOneHot / 2), u = (w % (kOneHot / 2)) * 2;
+    const int c = coords[j * 3 + col];
+    *reinterpret_cast<uint32_t*>(E + j * kOneHotLd + 2 * w) = onehot2<T>(c, c - 1, u);
+  }
+}
+
+// acc (C tiles 2np, 2np+1) += X̃ · Eᵀ for the warp's 16 own tilde rows (shared memory, from row `own`) and the
+// 16 tokens of group np of a block whose one-hot rows are E (onehot_block).
+template <typename T, int NT>
+__device__ __forceinline__ void tilde_times_onehot(float (&acc)[NT][4], const T* til, const T* til_lo, const T* E,
+                                                   int np) {
+  using namespace mma;
+  const int lane = threadIdx.x & 31;
   const T* arow = til + (lane & 15) * kOneHotLd + (lane >> 4) * 8;
   const T* arow_lo = til_lo + (lane & 15) * kOneHotLd + (lane >> 4) * 8;
-  const int* ca = coords + (np * 16 + g) * 3;
-  const int* cb = coords + (np * 16 + 8 + g) * 3;
+  const T* brow = E + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * kOneHotLd + ((lane >> 3) & 1) * 8;
 #pragma unroll
   for (int kk = 0; kk < kOneHotK / 16; ++kk) {
-    uint32_t hi[4], lo[4], b0, b1;
+    uint32_t hi[4], lo[4], b[4];
     ldmatrix_x4(hi, arow + kk * 16);
     ldmatrix_x4(lo, arow_lo + kk * 16);
-    onehot_b<T>(b0, b1, ca, kk);
-    mma_16816<T>(acc[2 * np], hi, b0, b1);
-    mma_16816<T>(acc[2 * np], lo, b0, b1);
-    onehot_b<T>(b0, b1, cb, kk);
-    mma_16816<T>(acc[2 * np + 1], hi, b0, b1);
-    mma_16816<T>(acc[2 * np + 1], lo, b0, b1);
+    ldmatrix_x4(b, brow + kk * 16);
+    mma_16816<T>(acc[2 * np], hi, b[0], b[1]);
+    mma_16816<T>(acc[2 * np], lo, b[0], b[1]);
+    mma_16816<T>(acc[2 * np + 1], hi, b[2], b[3]);
+    mma_16816<T>(acc[2 * np + 1], lo, b[2], b[3]);
   }
 }
 
 // Per-axis one-hot histogram accumulators: G[a·4 + u/8] (C tiles, 16 rows x 32 columns u per axis a).
 using OneHotHist = float[3 * mma::kOneHot / 8][4];
 
-// G_a += X · E_a for the 16 tokens of k-step kk, X its A fragment (16 rows x 16 tokens), the tokens'
-// coordinates `coords` ([token][3], block-local): token 16kk + 2t, 2t+1 (b0) and 8 + 2t, 9 + 2t (b1).
+// G_a += X · E_a for the 16 tokens of k-step kk, X its A fragment (16 rows x 16 tokens), E the block's one-hot
+// rows (onehot_block): the columns of G are those of E.
 template <typename T>
-__device__ __forceinline__ void onehot_hist_add(OneHotHist& G, const uint32_t (&x)[4], const int* coords, int kk) {
-  using namespace mma;
-  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int* c0 = coords + (kk * 16 + 2 * t) * 3;
-  const int* c8 = coords + (kk * 16 + 8 + 2 * t) * 3;
-#pragma unroll
-  for (int col = 0; col < 3; ++col) {
-    const int c00 = c0[col], c01 = c0[3 + col], c80 = c8[col], c81 = c8[3 + col];
-#pragma unroll
-    for (int ut = 0; ut < kOneHot / 8; ++ut) {
-      const int u = ut * 8 + g;
-      mma_16816<T>(G[col * (kOneHot / 8) + ut], x, onehot2<T>(c00, c01, u), onehot2<T>(c80, c81, u));
-    }
-  }
+__device__ __forceinline__ void onehot_hist_add(OneHotHist& G, const uint32_t (&x)[4], const T* E, int kk) {
+  mma::mma_ab<mma::kOneHotK, mma::kOneHotLd>(G, x, E, kk);
 }
 
 // The histogram rows of the thread's rows g and g+8 (hrow: the warp's 16 rows, pitch hlp, fp32) from G times

@@ -152,6 +152,33 @@ __device__ __forceinline__ void async_coords(int* coords, float* radius, const A
   }
 }
 
+// cp.async of key block `blk` of the span [kbeg, kend) (BN keys from kbeg + blk·BN, zero past kend) into buffer
+// blk % 2 of K and V ([BN][kLd<DP>] each) and, with `coords`, their coordinates (and radii into `radius` when
+// the tables have radial bins); one commit group.
+template <int DP, int BN, typename T>
+__device__ __forceinline__ void load_key_block(T* K, T* V, int* coords, float* radius, const Args<T>& a, int kbeg,
+                                               int kend, int blk, int h) {
+  constexpr int LD = mma::kLd<DP>;
+  const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
+  mma::async_block<DP, LD, BN, mma::kThreads>(K + buf * BN * LD, a.k, a.H, c0, n, h);
+  mma::async_block<DP, LD, BN, mma::kThreads>(V + buf * BN * LD, a.v, a.H, c0, n, h);
+  if (coords != nullptr) async_coords<BN>(coords + buf * BN * 3, radius ? radius + buf * BN : nullptr, a, c0, n);
+  mma::cp_async_commit();
+}
+
+// The backward's row statistics of the thread's rows g and g+8 from w0 of head h: the saved log-sum-exp in
+// log2 units and delta = dO·O (0 past N).
+template <typename T>
+__device__ __forceinline__ void row_stats(const Args<T>& a, int w0, int h, float (&lse2)[2], float (&delta)[2]) {
+  const int g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int row = w0 + g + 8 * i;
+    lse2[i] = row < a.N ? a.lse_in[(int64_t)row * a.H + h] * mma::kLog2e : 0.f;
+    delta[i] = row < a.N ? a.delta[(int64_t)row * a.H + h] : 0.f;
+  }
+}
+
 // The forward's end for the warp's 16 rows from w0 of head h: out = o · inv per row, and the rows'
 // log-sum-exp (m in log2 units, l the row sums; 0 for a row with nothing in its window).
 template <int DP, typename T>
