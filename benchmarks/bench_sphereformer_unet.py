@@ -1,6 +1,7 @@
 """The whole SphereFormer U-Net (SemanticKITTI config, 32.3M parameters) on the GPU: forward (eval) and
 forward+backward (train) per scan and peak memory, at one scan and a batch of 4 synthetic scans (about 120k
-voxels each after the crop), with the fused attention in fp32 and bf16 and with the published step ops.
+voxels each after the crop), with the fused attention in fp32 and bf16 and with the published step ops, and
+the attention kernels' share of the forward+backward's GPU time (torch.profiler; ``ATTENTION_KERNELS``).
 
 The network runs in fp32 without autocast (SphereFormer's validation setting); only the attention dtype
 changes between the fused rows. The step rows are the same network with ``attention="step"``.
@@ -22,6 +23,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {"fused fp32": dict(attention="fused", attention_dtype="float32"),
             "fused bf16": dict(attention="fused", attention_dtype="bfloat16"),
             "step fp32": dict(attention="step", attention_dtype="float32")}
+
+
+# The CUDA kernels of the attention itself, fused and step ops (window partitions, q/k/v projections and the
+# torch ops around them are the network's other time).
+ATTENTION_KERNELS = ("fwd_onehot_kernel", "fwd_mma_kernel", "fwd_kernel", "bwd_dq", "bwd_dkv", "delta_kernel",
+                     "onehot_range_kernel", "token_bounds_kernel", "pair_logits", "aggregate", "softmax_kernel",
+                     "softmax_backward_kernel", "precompute_all_kernel")
+
+
+def attention_share(fn):
+    """Fraction of fn()'s CUDA kernel time spent in ATTENTION_KERNELS (one profiled call after a warm one)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    total = attention = 0.0
+    for event in prof.key_averages():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        total += event.self_device_time_total
+        if any(name in event.key for name in ATTENTION_KERNELS):
+            attention += event.self_device_time_total
+    return attention / max(total, 1e-9)
 
 
 def make_batch(cfg, scans):
@@ -65,14 +92,18 @@ def main():
                 fwd_mem = peak_mb(forward)
                 both = time_ms(train_step, warmup=2, repeat=args.repeat)
                 both_mem = peak_mb(train_step)
-                rows.append([b, voxels, name, f"{fwd / b:.1f}", f"{both / b:.1f}", f"{fwd_mem:.0f}", f"{both_mem:.0f}"])
+                share = attention_share(train_step)
+                rows.append([b, voxels, name, f"{fwd / b:.1f}", f"{both / b:.1f}", f"{share:.0%}", f"{fwd_mem:.0f}",
+                             f"{both_mem:.0f}"])
             except torch.OutOfMemoryError:
-                rows.append([b, voxels, name, "OOM", "OOM", "-", "-"])
+                rows.append([b, voxels, name, "OOM", "OOM", "-", "-", "-"])
             print(rows[-1], flush=True)
             del model
             torch.cuda.empty_cache()
-    print("\nSphereFormer U-Net (SemanticKITTI config), fp32 network, H200; ms per scan, peak MiB above inputs")
-    print(table(rows, ["scans", "voxels", "attention", "fwd ms/scan", "fwd+bwd ms/scan", "fwd MiB", "f+b MiB"]))
+    print("\nSphereFormer U-Net (SemanticKITTI config), fp32 network, "
+          f"{torch.cuda.get_device_name()}; ms per scan, peak MiB above inputs")
+    print(table(rows, ["scans", "voxels", "attention", "fwd ms/scan", "fwd+bwd ms/scan", "attention share f+b",
+                       "fwd MiB", "f+b MiB"]))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 // The fp16/bf16 backward with one-hot cubic tables (cell coordinates inside [0, kOneHot), no radial bins):
 // the table terms of the recomputed logits and of dP, and the three histograms of the table gradients, are
 // tensor-core products with one-hot coordinate matrices (fused_window_attention_onehot.cuh), so no table work
-// is left per pair. Included by fused_window_attention_bwd_cuda.cu, which launches these kernels beside the
+// is left per pair. Included by fused_window_attention_bwd.cuh, which launches these kernels beside the
 // gather kernels (bwd_dq_mma_kernel<.., true>, bwd_dkv_mma_kernel<.., true>); a device flag set from the
 // coordinates tells one pair to return at once. Like those, the grid is persistent and takes the (64-row tile,
 // head) items round-robin, each CTA adding its items' table gradients into a slot of its own: deterministic.
@@ -36,7 +36,7 @@ __device__ void own_tilde(T* til, T* til_lo, T* own, T* own_lo, int lp, T* table
   const int at = (threadIdx.x >> 5) * 16 * lp;
   table_products16<DP, LD>(own + at, own_lo + at, lp, f, table, 0, a.L3p / 16);
   __syncthreads();
-  onehot_tilde<QUERY>(til, til_lo, own, own_lo, lp, oc, kRows, a.rel.L, a.rel.rel_shift);
+  onehot_tilde<QUERY, kRows>(til, til_lo, own, own_lo, lp, oc, a.rel.L, a.rel.rel_shift);
   __syncthreads();
 }
 
@@ -59,7 +59,7 @@ struct OneHotDqSmem {
     oc = b.take<int>(R * 3);
     kc = b.take<int>(2 * BN * 3);
     table = b.take<T>(a.L3p * LD);
-    const uintptr_t keys = next_take(b);
+    char* const keys = next_take(b);
     K = b.take<T>(2 * BN * LD);
     V = b.take<T>(2 * BN * LD);
     kt = b.take_if<T>(a.tk != nullptr, BN * lp);
@@ -70,13 +70,13 @@ struct OneHotDqSmem {
     own = reinterpret_cast<T*>(keys);
     own_lo = reinterpret_cast<T*>(keys + align128(R * lp * sizeof(T)));
     if (a.tq != nullptr || a.tv != nullptr) reserve_from(b, keys, 2 * align128(R * lp * sizeof(T)));
-    const uintptr_t tildes = next_take(b);
+    char* const tildes = next_take(b);
     qtil = b.take_if<T>(a.tq != nullptr, R * TL);
     qtil_lo = b.take_if<T>(a.tq != nullptr, R * TL);
     gtil = b.take_if<T>(a.tv != nullptr, R * TL);
     gtil_lo = b.take_if<T>(a.tv != nullptr, R * TL);
     hist = reinterpret_cast<float*>(tildes);
-    const uintptr_t hist_bytes = align128(R * hlp * sizeof(float)), tile_bytes = align128(R * LD * sizeof(T));
+    const size_t hist_bytes = align128(R * hlp * sizeof(float)), tile_bytes = align128(R * LD * sizeof(T));
     Xq = reinterpret_cast<T*>(tildes + hist_bytes);
     Xg = reinterpret_cast<T*>(tildes + hist_bytes + tile_bytes);
     reserve_from(b, tildes, hist_bytes + 2 * tile_bytes);
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
       const T* K = sm.K + buf * BN * LD;
       const T* V = sm.V + buf * BN * LD;
       const int* kc = sm.kc + buf * BN * 3;
-      onehot_block(sm.E, kc, BN);
+      onehot_block<BN>(sm.E, kc);
       if (a.tk)
         block_tilde<false, DP, BN>(sm.ktil, sm.ktil_lo, sm.kt, sm.kt_lo, sm.lp, K, sm.table, kc, a.L3p, L, shift);
       else
@@ -237,7 +237,7 @@ struct OneHotDkvSmem {
     delta = b.take<float>(2 * BQ);
     ktil = b.take_if<T>(a.tk != nullptr, R * TL);
     ktil_lo = b.take_if<T>(a.tk != nullptr, R * TL);
-    const uintptr_t loop = next_take(b);
+    char* const loop = next_take(b);
     tq = b.take_if<T>(a.tq != nullptr, a.L3p * LD);
     tv = b.take_if<T>(a.tv != nullptr, a.L3p * LD);
     prod = b.take_if<T>(a.tq != nullptr || a.tv != nullptr, BQ * lp);
@@ -247,8 +247,8 @@ struct OneHotDkvSmem {
     gtil = b.take_if<T>(a.tv != nullptr, BQ * TL);
     gtil_lo = b.take_if<T>(a.tv != nullptr, BQ * TL);
     E = b.take<T>(BQ * TL);
-    const uintptr_t table_bytes = align128(a.L3p * LD * sizeof(T)), prod_bytes = align128(R * lp * sizeof(T));
-    const uintptr_t hist_bytes = align128(R * hlp * sizeof(float)), tile_bytes = align128(R * LD * sizeof(T));
+    const size_t table_bytes = align128(a.L3p * LD * sizeof(T)), prod_bytes = align128(R * lp * sizeof(T));
+    const size_t hist_bytes = align128(R * hlp * sizeof(float)), tile_bytes = align128(R * LD * sizeof(T));
     tk = reinterpret_cast<T*>(loop);
     own = reinterpret_cast<T*>(loop + table_bytes);
     own_lo = reinterpret_cast<T*>(loop + table_bytes + prod_bytes);
@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dk
       const float* lse = sm.lse + buf * BQ;
       const float* delta = sm.delta + buf * BQ;
       const int* qc = sm.qc + buf * BQ * 3;
-      onehot_block(sm.E, qc, BQ);
+      onehot_block<BQ>(sm.E, qc);
       if (a.tq)
         block_tilde<true, DP, BQ>(sm.qtil, sm.qtil_lo, sm.prod, sm.prod_lo, sm.lp, Q, sm.tq, qc, a.L3p, L, shift);
       if (a.tv)

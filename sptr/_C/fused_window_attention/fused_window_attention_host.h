@@ -1,5 +1,6 @@
 // Host-side checks and operands of the fused window attention, shared by the CPU and CUDA implementations.
 #pragma once
+#include <ATen/OpMathType.h>
 #include <sptr/checks.h>
 
 #include <cmath>

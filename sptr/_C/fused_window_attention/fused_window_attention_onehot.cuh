@@ -15,21 +15,31 @@ __device__ __forceinline__ int onehot_rel(int c, int u, int shift, int L) {
   return clamp_rel(QUERY ? c - u + shift : u - c + shift, L);
 }
 
-// Tilde rows (hi and lo planes, [row][kOneHotLd] 16-bit) of `rows` tokens from their table products (hi and lo
+// One-hot and tilde rows are written in runs of 8 columns (one 16-byte store): a run's (row, axis) is fixed, so
+// the coordinate and row addresses are worked out once per run, with shifts and constant divisions.
+constexpr int kOneHotRun = 8;
+constexpr int kOneHotRuns = mma::kOneHot / kOneHotRun;  // runs per (row, axis)
+
+// Tilde rows (hi and lo planes, [row][kOneHotLd] 16-bit) of ROWS tokens from their table products (hi and lo
 // planes, [row][lp] 16-bit, column n = rel·3 + a) and coordinates ([row][3] in shared memory); all threads of
 // the CTA take part.
-template <bool QUERY, typename T>
-__device__ void onehot_tilde(T* til, T* til_lo, const T* prod, const T* prod_lo, int lp, const int* coords, int rows,
-                             int L, int shift) {
+template <bool QUERY, int ROWS, typename T>
+__device__ void onehot_tilde(T* til, T* til_lo, const T* prod, const T* prod_lo, int lp, const int* coords, int L,
+                             int shift) {
   using namespace mma;
-  constexpr int HALF = kOneHotK / 2;  // 16-bit pairs of a tilde row
-  for (int idx = threadIdx.x; idx < 2 * rows * HALF; idx += kThreads) {
-    const int plane = idx / (rows * HALF), rest = idx % (rows * HALF);
-    const int j = rest / HALF, m2 = rest % HALF, col = m2 / (kOneHot / 2);
-    const int u = (m2 % (kOneHot / 2)) * 2, c = coords[j * 3 + col];
-    const uint16_t* row = reinterpret_cast<const uint16_t*>(plane ? prod_lo : prod) + j * lp + col;
-    const uint32_t lo = row[onehot_rel<QUERY>(c, u, shift, L) * 3], hi = row[onehot_rel<QUERY>(c, u + 1, shift, L) * 3];
-    *reinterpret_cast<uint32_t*>((plane ? til_lo : til) + j * kOneHotLd + col * kOneHot + u) = lo | hi << 16;
+  for (int idx = threadIdx.x; idx < 2 * ROWS * 3 * kOneHotRuns; idx += kThreads) {
+    const int run = idx % kOneHotRuns, pja = idx / kOneHotRuns;  // pja = (plane·ROWS + j)·3 + a
+    const int a = pja % 3, pj = pja / 3, j = pj % ROWS, plane = pj / ROWS;
+    const int c = coords[j * 3 + a], u0 = run * kOneHotRun;
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(plane ? prod_lo : prod) + j * lp + a;
+    uint32_t w[kOneHotRun / 2];
+#pragma unroll
+    for (int k = 0; k < kOneHotRun / 2; ++k) {
+      const uint32_t lo = row[onehot_rel<QUERY>(c, u0 + 2 * k, shift, L) * 3];
+      const uint32_t hi = row[onehot_rel<QUERY>(c, u0 + 2 * k + 1, shift, L) * 3];
+      w[k] = lo | hi << 16;
+    }
+    *reinterpret_cast<uint4*>((plane ? til_lo : til) + j * kOneHotLd + a * kOneHot + u0) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -44,7 +54,7 @@ __device__ void block_tilde(T* til, T* til_lo, T* prod, T* prod_lo, int lp, cons
     table_products16<DP, kLd<DP>>(prod + rg * 16 * lp, prod_lo + rg * 16 * lp, lp, f, table, np0, np1);
   });
   __syncthreads();
-  onehot_tilde<QUERY>(til, til_lo, prod, prod_lo, lp, coords, BN, L, shift);
+  onehot_tilde<QUERY, BN>(til, til_lo, prod, prod_lo, lp, coords, L, shift);
   __syncthreads();
 }
 
@@ -70,19 +80,20 @@ __device__ __forceinline__ void onehot_rows_times_tilde(float (&acc)[NT][4], con
   }
 }
 
-// The one-hot rows E[j][32·a + u] = [c_j,a = u] of a block's `rows` tokens (coordinates `coords`, [token][3])
+// The one-hot rows E[j][32·a + u] = [c_j,a = u] of a block's ROWS tokens (coordinates `coords`, [token][3])
 // into E ([token][kOneHotLd] 16-bit), built once per block by all threads of the CTA (the caller synchronises)
 // and read by every warp with ldmatrix, instead of compares per mma operand.
-template <typename T>
-__device__ __forceinline__ void onehot_block(T* E, const int* coords, int rows) {
+template <int ROWS, typename T>
+__device__ __forceinline__ void onehot_block(T* E, const int* coords) {
   using namespace mma;
-  constexpr int WORDS = kOneHotK / 2;  // 16-bit pairs of a row
-  for (int idx = threadIdx.x; idx < rows * WORDS; idx += kThreads) {
-    const int j = idx / WORDS, w = idx % WORDS, col = w / (kOneHot / 2), u = (w % (kOneHot / 2)) * 2;
-    const int c = coords[j * 3 + col];
-    *reinterpret_cast<uint32_t*>(E + j * kOneHotLd + 2 * w) = onehot2<T>(c, c - 1, u);
+  for (int idx = threadIdx.x; idx < ROWS * 3 * kOneHotRuns; idx += kThreads) {
+    const int run = idx % kOneHotRuns, ja = idx / kOneHotRuns;  // ja = j·3 + a
+    const int c = coords[ja] - run * kOneHotRun;
+    *reinterpret_cast<uint4*>(E + (ja / 3) * kOneHotLd + (ja % 3) * kOneHot + run * kOneHotRun) =
+        make_uint4(onehot2<T>(c, c - 1, 0), onehot2<T>(c, c - 1, 2), onehot2<T>(c, c - 1, 4), onehot2<T>(c, c - 1, 6));
   }
 }
+
 
 // acc (C tiles 2np, 2np+1) += X̃ · Eᵀ for the warp's 16 own tilde rows (shared memory, from row `own`) and the
 // 16 tokens of group np of a block whose one-hot rows are E (onehot_block).
@@ -183,15 +194,16 @@ size_t fit_smem(Kernel* kernel, size_t bytes) {
   return bytes;
 }
 
-__host__ __device__ constexpr uintptr_t align128(uintptr_t x) { return (x + 127) & ~uintptr_t(127); }
+__host__ __device__ constexpr size_t align128(size_t x) { return (x + 127) & ~size_t(127); }
 
 // At least `need` bytes of `b` from `start` on: a buffer that overlays the ones taken since `start`.
-__host__ __device__ inline void reserve_from(Bump& b, uintptr_t start, uintptr_t need) {
-  const uintptr_t used = b.base + b.off > start ? b.base + b.off - start : 0;
+__host__ __device__ inline void reserve_from(Bump& b, const char* start, size_t need) {
+  const uintptr_t end = reinterpret_cast<uintptr_t>(b.at(b.off)), from = reinterpret_cast<uintptr_t>(start);
+  const size_t used = end > from ? end - from : 0;
   if (need > used) b.take<char>(need - used);
 }
 // The 128-byte aligned address the next take of `b` returns.
-__host__ __device__ inline uintptr_t next_take(const Bump& b) { return b.base + align128(b.off); }
+__host__ __device__ inline char* next_take(const Bump& b) { return b.at(align128(b.off)); }
 
 }  // namespace
 }  // namespace sptr

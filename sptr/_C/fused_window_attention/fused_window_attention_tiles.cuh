@@ -113,19 +113,32 @@ struct Args {
   __host__ __device__ bool has_rel() const { return rel.coords != nullptr; }
 };
 
-// Bump allocation of the dynamic shared memory; run on the host with a null base to size it.
+// Bump allocation of the dynamic shared memory; run on the host with a null base to size it. On the device
+// every pointer it returns is the shared-memory base plus an offset, never null: so the compiler knows them
+// all for shared memory and uses shared loads and stores (a null or an integer-made pointer would make every
+// access through it a generic one, with 64-bit address arithmetic).
 struct Bump {
-  uintptr_t base, off = 0;
-  __host__ __device__ explicit Bump(void* b) : base(reinterpret_cast<uintptr_t>(b)) {}
+  char* base;
+  size_t off = 0;
+  __host__ __device__ explicit Bump(void* b) : base(static_cast<char*>(b)) {}
+  // The address `o` bytes from the base (on the host, where the base is null, only an offset to size with).
+  __host__ __device__ char* at(size_t o) const {
+#ifdef __CUDA_ARCH__
+    return base + o;
+#else
+    return reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(base) + o);
+#endif
+  }
   template <typename U>
   __host__ __device__ U* take(size_t n) {
-    off = (off + 127) & ~uintptr_t(127);
-    U* p = reinterpret_cast<U*>(base + off);
+    off = (off + 127) & ~size_t(127);
+    U* p = reinterpret_cast<U*>(at(off));
     off += n * sizeof(U);
     return p;
   }
+  // A buffer of n elements if cond, else of none (a valid pointer that is never read).
   template <typename U>
-  __host__ __device__ U* take_if(bool cond, size_t n) { return cond ? take<U>(n) : nullptr; }
+  __host__ __device__ U* take_if(bool cond, size_t n) { return take<U>(cond ? n : 0); }
 };
 
 // Coordinates of the thread's own rows g and g+8 from w0 (0 past N) and, with `radius`, their radii.

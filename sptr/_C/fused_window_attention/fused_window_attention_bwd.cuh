@@ -1,0 +1,708 @@
+// The CUDA backward kernels of the fused window attention: one kernel over query tiles (dq, table-q and table-v
+// gradients), one over key tiles (dk, dv, table-k gradient); both recompute P from the saved lse.
+// No global atomics: a q/k/v gradient row belongs to one tile, and each persistent CTA adds its tiles' table
+// gradients into a slot of its own, summed over slots at the end. Histograms are summed in a fixed order
+// too, so the result depends only on which CTA took which tile: `deterministic` fixes that (round-robin),
+// otherwise tiles go to whichever CTA is free (atomic counter).
+// fp16/bf16 without tables run bwd_dq_mma_kernel and bwd_dkv_mma_kernel instead (mma.sync, everything per
+// pair in registers, after delta_kernel), which are deterministic by construction.
+#pragma once
+#include <sptr/dispatch.h>
+
+#include "fused_window_attention_bwd_onehot.cuh"
+#include "fused_window_attention_cuda.h"
+
+namespace sptr {
+namespace {
+
+// ------------------------------------------------------------------------------- backward, query side
+template <int DP, typename T>
+struct DqSmem {
+  using A = acc_t<T>;
+  TokenInfo qi, ki;
+  T *Q, *dO, *K, *V, *dS, *Ts;
+  A *S, *dP, *O, *Qt, *Gt, *Kt, *Hq, *Hv, *lse, *delta;
+  __host__ __device__ DqSmem(Bump& b, const Args<T>& a)
+      : qi(b, a), ki(b, a), Q(b.take<T>(kBM * kLDT<DP>)), dO(b.take<T>(kBM * kLDT<DP>)),
+        K(b.take<T>(kBM * kLDT<DP>)), V(b.take<T>(kBM * kLDT<DP>)), dS(b.take<T>(kBM * kLDP)),
+        Ts(b.take_if<T>(a.has_rel(), a.L3p * kLDT<DP>)), S(b.take<A>(kBM * kLDS)), dP(b.take<A>(kBM * kLDS)),
+        O(b.take<A>(kBM * kLDO<DP>)), Qt(b.take_if<A>(a.tq != nullptr, kBM * a.L3p)),
+        Gt(b.take_if<A>(a.tv != nullptr, kBM * a.L3p)), Kt(b.take_if<A>(a.tk != nullptr, kBM * a.L3p)),
+        Hq(b.take_if<A>(a.tq != nullptr, kBM * a.L3p)), Hv(b.take_if<A>(a.tv != nullptr, kBM * a.L3p)),
+        lse(b.take<A>(kBM)), delta(b.take<A>(kBM)) {}
+};
+
+// Recomputed probability and logit gradient of pair (r, col): P from the saved lse, dS = P·(dP − delta).
+template <typename T>
+struct PairGrad {
+  acc_t<T> p, ds;
+};
+
+template <bool REL, typename T, typename A>
+__device__ __forceinline__ PairGrad<T> pair_grad(const Args<T>& a, A qk, A dpv, A lse, A delta, const A* qt,
+                                                 const A* kt, const A* gt, uint32_t rows) {
+  const A sv = pair_logit<REL>(a, qk, qt, kt, rows);
+  const A p = exp_acc<T>(sv - lse);
+  A dp = dpv;
+  if (REL && a.tv) {
+#pragma unroll
+    for (int c = 0; c < 3; ++c) dp += gt[table_row(rows, c)];
+  }
+  return {p, p * (dp - delta)};
+}
+
+template <int DP, typename T, bool REL>
+__global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dq_kernel(const Args<T> a) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const DqSmem<DP, T> s(bump, a);
+  __shared__ int tile_slot;
+  const int h = blockIdx.y, tid = threadIdx.x, r = tid >> 2, cb = (tid & 3) * 8;
+  const int ntiles = (a.N + kBM - 1) / kBM;
+  for (int tile = next_tile(a, -1, &tile_slot); tile < ntiles; tile = next_tile(a, tile, &tile_slot)) {
+    const int r0 = tile * kBM, nrows = min(kBM, a.N - r0);
+    __syncthreads();
+    load_token_info(s.qi, a, r0, nrows, true);
+    load_rows<DP>(s.Q, a.q, a, r0, nrows, h);
+    load_rows<DP>(s.dO, a.dout, a, r0, nrows, h);
+    {  // delta_i = dO_i · O_i, kept for the key-side kernel too
+      A part = 0;
+      if (r < nrows) {
+        const int64_t base = ((int64_t)(r0 + r) * a.H + h) * a.d;
+        for (int c = tid & 3; c < a.d; c += 4) part += widen(a.dout[base + c]) * widen(a.out[base + c]);
+      }
+      part += __shfl_xor_sync(0xffffffffu, part, 1);
+      part += __shfl_xor_sync(0xffffffffu, part, 2);
+      if ((tid & 3) == 0) {
+        s.delta[r] = part;
+        s.lse[r] = r < nrows ? a.lse_in[(int64_t)(r0 + r) * a.H + h] : A(0);
+        if (r < nrows) a.delta[(int64_t)(r0 + r) * a.H + h] = part;
+      }
+    }
+    __syncthreads();
+    const int kbeg = s.qi.lo[0], kend = s.qi.hi[nrows - 1], lo_r = s.qi.lo[r], hi_r = s.qi.hi[r];
+    const A lse_r = s.lse[r], delta_r = s.delta[r];
+    if (a.tq) {
+      stage_table<DP>(s.Ts, a.tq, a, h);
+      __syncthreads();
+      gemm_nt<DP>(s.Qt, a.L3p, s.Q, s.Ts, a.L3p / 16);
+      __syncthreads();
+    }
+    if (a.tv) {
+      stage_table<DP>(s.Ts, a.tv, a, h);
+      __syncthreads();
+      gemm_nt<DP>(s.Gt, a.L3p, s.dO, s.Ts, a.L3p / 16);
+      __syncthreads();
+    }
+    if (a.tk) stage_table<DP>(s.Ts, a.tk, a, h);
+    if (a.tq) zero_smem(s.Hq, kBM * a.L3p);
+    if (a.tv) zero_smem(s.Hv, kBM * a.L3p);
+    OutTiles<DP, T> acc;
+    acc.zero();
+    for (int c0 = kbeg; c0 < kend; c0 += kBM) {
+      const int ncols = min(kBM, kend - c0);
+      __syncthreads();
+      if (REL) load_token_info(s.ki, a, c0, ncols, false);
+      load_rows<DP>(s.K, a.k, a, c0, ncols, h);
+      load_rows<DP>(s.V, a.v, a, c0, ncols, h);
+      __syncthreads();
+      if (a.tk) gemm_nt<DP>(s.Kt, a.L3p, s.K, s.Ts, a.L3p / 16);
+      gemm_nt<DP>(s.S, kLDS, s.Q, s.K, kBM / 16);
+      gemm_nt<DP>(s.dP, kLDS, s.dO, s.V, kBM / 16);
+      __syncthreads();
+      uint32_t rows[8] = {};
+      A p[8], ds[8];
+      unsigned valid = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int col = cb + e, j = c0 + col;
+        p[e] = ds[e] = 0;
+        if (j >= lo_r && j < hi_r) {
+          valid |= 1u << e;
+          if (REL) rows[e] = pair_rows(a.rel, s.qi, s.ki, r, col);
+          const PairGrad<T> g = pair_grad<REL>(a, s.S[r * kLDS + col], s.dP[r * kLDS + col], lse_r, delta_r,
+                                          products_row(s.Qt, r, a.L3p, s.S), products_row(s.Kt, col, a.L3p, s.S),
+                                          products_row(s.Gt, r, a.L3p, s.S), rows[e]);
+          p[e] = g.p;
+          ds[e] = g.ds;
+        }
+        s.dS[r * kLDP + col] = narrow<T>(ds[e]);
+      }
+      if (REL && a.tq) quad_ordered_add(s.Hq + r * a.L3p, rows, ds, valid);
+      if (REL && a.tv) quad_ordered_add(s.Hv + r * a.L3p, rows, p, valid);
+      __syncthreads();
+      acc.template mma<false>(s.dS, s.K);
+    }
+    __syncthreads();
+    acc.store(s.O);
+    if (a.tq) stage_table<DP>(s.Ts, a.tq, a, h);
+    __syncthreads();
+    write_rows<DP>(a.dq, s.O, REL && a.tq, s.Hq, s.Ts, a, r0, nrows, h, a.scale);
+    if (a.tq) table_grad<DP>(a.dtq, s.Hq, s.Q, a, h, a.scale);
+    if (a.tv) table_grad<DP>(a.dtv, s.Hv, s.dO, a, h, A(1));
+  }
+}
+
+// --------------------------------------------------------------------------------- backward, key side
+template <int DP, typename T>
+struct DkvSmem {
+  using A = acc_t<T>;
+  TokenInfo qi, ki;
+  T *K, *V, *Q, *dO, *P, *dS, *Tq, *Tv;
+  A *S, *dP, *Kt, *Hk, *scratch, *lse, *delta;
+  A *Qt, *Gt, *Ok, *Ov;  // inside scratch: Qt, Gt while walking query blocks, Ok, Ov at the end
+  __host__ __device__ DkvSmem(Bump& b, const Args<T>& a)
+      : qi(b, a), ki(b, a), K(b.take<T>(kBM * kLDT<DP>)), V(b.take<T>(kBM * kLDT<DP>)),
+        Q(b.take<T>(kBM * kLDT<DP>)), dO(b.take<T>(kBM * kLDT<DP>)), P(b.take<T>(kBM * kLDP)),
+        dS(b.take<T>(kBM * kLDP)), Tq(b.take_if<T>(a.tq != nullptr || a.tk != nullptr, a.L3p * kLDT<DP>)),
+        Tv(b.take_if<T>(a.tv != nullptr, a.L3p * kLDT<DP>)), S(b.take<A>(kBM * kLDS)), dP(b.take<A>(kBM * kLDS)),
+        Kt(b.take_if<A>(a.tk != nullptr, kBM * a.L3p)), Hk(b.take_if<A>(a.tk != nullptr, kBM * a.L3p)),
+        scratch(b.take<A>(imax(2 * kBM * kLDO<DP>, ((a.tq ? 1 : 0) + (a.tv ? 1 : 0)) * kBM * a.L3p))),
+        lse(b.take<A>(kBM)), delta(b.take<A>(kBM)) {
+    Qt = a.tq ? scratch : nullptr;
+    Gt = a.tv ? scratch + (a.tq ? kBM * a.L3p : 0) : nullptr;
+    Ok = scratch;
+    Ov = scratch + kBM * kLDO<DP>;
+  }
+};
+
+template <int DP, typename T, bool REL>
+__global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dkv_kernel(const Args<T> a) {
+  using A = acc_t<T>;
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const DkvSmem<DP, T> s(bump, a);
+  __shared__ int tile_slot;
+  // Pairs of a thread: one key (its histogram row), eight queries.
+  const int h = blockIdx.y, tid = threadIdx.x, kc = tid >> 2, rb = (tid & 3) * 8;
+  const int ntiles = (a.N + kBM - 1) / kBM;
+  for (int tile = next_tile(a, -1, &tile_slot); tile < ntiles; tile = next_tile(a, tile, &tile_slot)) {
+    const int c0 = tile * kBM, nkeys = min(kBM, a.N - c0);
+    __syncthreads();
+    load_token_info(s.ki, a, c0, nkeys, true);
+    load_rows<DP>(s.K, a.k, a, c0, nkeys, h);
+    load_rows<DP>(s.V, a.v, a, c0, nkeys, h);
+    if (a.tk) stage_table<DP>(s.Tq, a.tk, a, h);
+    __syncthreads();
+    const int qbeg = s.ki.lo[0], qend = s.ki.hi[nkeys - 1];
+    if (a.tk) {
+      gemm_nt<DP>(s.Kt, a.L3p, s.K, s.Tq, a.L3p / 16);
+      zero_smem(s.Hk, kBM * a.L3p);
+      __syncthreads();
+    }
+    if (a.tq) stage_table<DP>(s.Tq, a.tq, a, h);
+    if (a.tv) stage_table<DP>(s.Tv, a.tv, a, h);
+    OutTiles<DP, T> dk, dv;
+    dk.zero();
+    dv.zero();
+    for (int q0 = qbeg; q0 < qend; q0 += kBM) {
+      const int nq = min(kBM, qend - q0);
+      __syncthreads();
+      if (REL) load_token_info(s.qi, a, q0, nq, false);
+      load_rows<DP>(s.Q, a.q, a, q0, nq, h);
+      load_rows<DP>(s.dO, a.dout, a, q0, nq, h);
+      for (int t = tid; t < kBM; t += kThreads) {
+        s.lse[t] = t < nq ? a.lse_in[(int64_t)(q0 + t) * a.H + h] : A(0);
+        s.delta[t] = t < nq ? a.delta[(int64_t)(q0 + t) * a.H + h] : A(0);
+      }
+      __syncthreads();
+      if (a.tq) gemm_nt<DP>(s.Qt, a.L3p, s.Q, s.Tq, a.L3p / 16);
+      if (a.tv) gemm_nt<DP>(s.Gt, a.L3p, s.dO, s.Tv, a.L3p / 16);
+      gemm_nt<DP>(s.S, kLDS, s.Q, s.K, kBM / 16);
+      gemm_nt<DP>(s.dP, kLDS, s.dO, s.V, kBM / 16);
+      __syncthreads();
+      const int klo = s.ki.lo[kc], khi = s.ki.hi[kc];
+      uint32_t rows[8] = {};
+      A ds[8];
+      unsigned valid = 0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int rq = rb + e, i = q0 + rq;
+        PairGrad<T> g{A(0), A(0)};
+        if (rq < nq && i >= klo && i < khi) {
+          valid |= 1u << e;
+          if (REL) rows[e] = pair_rows(a.rel, s.qi, s.ki, rq, kc);
+          g = pair_grad<REL>(a, s.S[rq * kLDS + kc], s.dP[rq * kLDS + kc], s.lse[rq], s.delta[rq],
+                        products_row(s.Qt, rq, a.L3p, s.S), products_row(s.Kt, kc, a.L3p, s.S),
+                        products_row(s.Gt, rq, a.L3p, s.S), rows[e]);
+        }
+        ds[e] = g.ds;
+        s.P[rq * kLDP + kc] = narrow<T>(g.p);
+        s.dS[rq * kLDP + kc] = narrow<T>(g.ds);
+      }
+      if (REL && a.tk) quad_ordered_add(s.Hk + kc * a.L3p, rows, ds, valid);
+      __syncthreads();
+      dk.template mma<true>(s.dS, s.Q);
+      dv.template mma<true>(s.P, s.dO);
+    }
+    __syncthreads();
+    dk.store(s.Ok);
+    dv.store(s.Ov);
+    if (a.tk) stage_table<DP>(s.Tq, a.tk, a, h);
+    __syncthreads();
+    // dk = scale·dSᵀQ + Σ_n Hk[n]·Tk[n]: the scale is applied to the tile product before the table term.
+    for (int idx = tid; idx < kBM * kLDO<DP>; idx += kThreads) s.Ok[idx] *= a.scale;
+    __syncthreads();
+    write_rows<DP>(a.dk, s.Ok, REL && a.tk, s.Hk, s.Tq, a, c0, nkeys, h, A(1));
+    write_rows<DP>(a.dv, s.Ov, false, s.Ov, s.Q, a, c0, nkeys, h, A(1));
+    if (a.tk) table_grad<DP>(a.dtk, s.Hk, s.K, a, h, A(1));
+  }
+}
+
+// ----------------------------------------------------------------------------- backward on mma.sync
+// delta_i = dO_i · O_i per (token, head), fp32.
+template <int DP, typename T>
+__global__ void delta_kernel(const Args<T> a) {
+  SPTR_GRID_STRIDE(i, (int64_t)a.N * a.H) {
+    const uint4* g = reinterpret_cast<const uint4*>(a.dout + i * DP);
+    const uint4* o = reinterpret_cast<const uint4*>(a.out + i * DP);
+    float acc = 0.f;
+#pragma unroll
+    for (int c = 0; c < DP * (int)sizeof(T) / 16; ++c) {
+      const uint4 gv = g[c], ov = o[c];
+      const T* ge = reinterpret_cast<const T*>(&gv);
+      const T* oe = reinterpret_cast<const T*>(&ov);
+#pragma unroll
+      for (int e = 0; e < 16 / (int)sizeof(T); ++e) acc += widen(ge[e]) * widen(oe[e]);
+    }
+    a.delta[i] = acc;
+  }
+}
+
+// Shared memory of the two mma.sync backward kernels. Own: the 64 rows a CTA owns (queries for dq, keys
+// for dk/dv); Other: the double-buffered blocks it walks. REL adds the own tile (operand of the table
+// gradients), the staged tables, the coordinates of the other side, the table products of both sides, and
+// the own rows' histograms (dq: Hq of dS, Hv of P; dk: Hk of dS). Two-buffer arrays are indexed by
+// arithmetic (buf · size): an array of pointers indexed at run time would go to the stack.
+template <int DP, typename T, bool REL>
+struct MmaBwdSmem {
+  static constexpr int BN = REL ? 32 : mma::kBlock<DP>, LD = mma::kLd<DP>;
+  T *X, *Y;                  // other side, 2 buffers: K and V (dq) or Q and dO (dk/dv)
+  float *lse, *delta;        // dk/dv: the query block's lse and delta, 2 buffers
+  T *A = nullptr, *B = nullptr;  // REL: own tile, Q and dO (dq) or K and V (dk/dv)
+  T *tq = nullptr, *tk = nullptr, *tv = nullptr;
+  int* oc = nullptr;         // coordinates (BN, 3) and radii of the other side, 2 buffers
+  float* orad = nullptr;
+  float *own_p1 = nullptr, *own_p2 = nullptr;      // own products: Qt, Gt (dq) or Kt (dk/dv)
+  float *other_p1 = nullptr, *other_p2 = nullptr;  // block products: Kt (dq) or Qt, Gt (dk/dv)
+  float *hist1 = nullptr, *hist2 = nullptr;        // Hq, Hv (dq) or Hk (dk/dv)
+  int lp = 0;
+  __host__ __device__ MmaBwdSmem(Bump& b, const Args<T>& a, bool dq)
+      : X(b.take<T>(2 * BN * LD)), Y(b.take<T>(2 * BN * LD)), lse(b.take<float>(2 * BN)), delta(b.take<float>(2 * BN)) {
+    if (!REL) return;
+    constexpr int R = mma::kRows;
+    lp = a.L3p;
+    A = b.take<T>(R * LD);
+    B = b.take<T>(R * LD);
+    tq = b.take_if<T>(a.tq != nullptr, a.L3p * LD);
+    tk = b.take_if<T>(a.tk != nullptr, a.L3p * LD);
+    tv = b.take_if<T>(a.tv != nullptr, a.L3p * LD);
+    oc = b.take<int>(2 * BN * 3);
+    orad = b.take_if<float>(a.rel.radius != nullptr, 2 * BN);
+    if (dq) {
+      own_p1 = b.take_if<float>(a.tq != nullptr, R * lp);
+      own_p2 = b.take_if<float>(a.tv != nullptr, R * lp);
+      other_p1 = b.take_if<float>(a.tk != nullptr, BN * lp);
+      hist1 = b.take_if<float>(a.tq != nullptr, R * lp);
+      hist2 = b.take_if<float>(a.tv != nullptr, R * lp);
+    } else {
+      own_p1 = b.take_if<float>(a.tk != nullptr, R * lp);
+      other_p1 = b.take_if<float>(a.tq != nullptr, BN * lp);
+      other_p2 = b.take_if<float>(a.tv != nullptr, BN * lp);
+      hist1 = b.take_if<float>(a.tk != nullptr, R * lp);
+    }
+  }
+};
+template <int DP, typename T, bool REL>
+struct MmaDqSmem : MmaBwdSmem<DP, T, REL> {
+  __host__ __device__ MmaDqSmem(Bump& b, const Args<T>& a) : MmaBwdSmem<DP, T, REL>(b, a, true) {}
+};
+template <int DP, typename T, bool REL>
+struct MmaDkvSmem : MmaBwdSmem<DP, T, REL> {
+  __host__ __device__ MmaDkvSmem(Bump& b, const Args<T>& a) : MmaBwdSmem<DP, T, REL>(b, a, false) {}
+};
+
+// Per-CTA start of a REL item: the own tile (rows [r0, r0 + n) of x and y) and the present tables staged,
+// the own A fragments taken from the tile.
+template <int DP, typename T, typename S>
+__device__ void stage_own(const S& sm, const Args<T>& a, const T* x, const T* y, int r0, int n, int h,
+                          uint32_t (&xf)[DP / 16][4], uint32_t (&yf)[DP / 16][4]) {
+  using namespace mma;
+  constexpr int LD = kLd<DP>;
+  async_block<DP, LD, kRows, kThreads>(sm.A, x, a.H, r0, n, h);
+  async_block<DP, LD, kRows, kThreads>(sm.B, y, a.H, r0, n, h);
+  if (a.tq) async_rows<DP, LD, kThreads>(sm.tq, a.tq, a.H, 0, a.L3, a.L3p, h);
+  if (a.tk) async_rows<DP, LD, kThreads>(sm.tk, a.tk, a.H, 0, a.L3, a.L3p, h);
+  if (a.tv) async_rows<DP, LD, kThreads>(sm.tv, a.tv, a.H, 0, a.L3, a.L3p, h);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  const int warp = threadIdx.x >> 5;
+  ldmatrix_a_rows<DP, LD>(xf, sm.A + warp * 16 * LD);
+  ldmatrix_a_rows<DP, LD>(yf, sm.B + warp * 16 * LD);
+}
+
+// The work items of the backward CTAs (num_items): without tables one CTA an item; with tables the grid is
+// persistent (each CTA owns a slot of the table-gradient partials) and takes items round-robin, so the partial
+// sums, and the result, are the same run to run.
+
+// dq of 64 query rows of one head (16 per warp): per key block S = QKᵀ and dP = dO·Vᵀ, P from the saved lse,
+// dS = P∘(dP − delta), dq += dS·K; K/V blocks double-buffered in shared memory. REL: the logits get the
+// table terms, dP the value-table term Gt = dO·Tv; Hq (of dS) gives dq's table term Hq·Tq and, with Hv (of
+// P), the tile's dTq and dTv.
+// Without tables, small head dims fit four CTAs per multiprocessor (128 registers); the compiler's own
+// choice lands just above that.
+template <int DP, bool REL> constexpr int kDqMinBlocks = (!REL && DP <= 32) ? 4 : 1;
+
+template <int DP, typename T, bool REL>
+__global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_mma_kernel(const Args<T> a) {
+  using namespace mma;
+  if (REL && a.onehot != nullptr && *a.onehot) return;  // bwd_dq_onehot_kernel does the work
+  using Smem = MmaDqSmem<DP, T, REL>;
+  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8;
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const Smem sm(bump, a);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  for (int item = blockIdx.x; item < num_items(a); item += gridDim.x) {
+    const WarpItem it(a.bounds, a.N, a.H, item);
+    const int h = it.h, r0 = it.r0, nrows = it.n, kbeg = it.lo, kend = it.hi, w0 = it.w0;
+    const bool active = it.active;
+    const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1;
+    float lse2[2], dl[2];
+    row_stats(a, w0, h, lse2, dl);
+    uint32_t qf[DP / 16][4], gf[DP / 16][4];
+    int cq[2][3] = {};
+    float rq[2] = {0.f, 0.f};
+    float *qt_row[2] = {}, *gt_row[2] = {}, *hq_row[2] = {}, *hv_row[2] = {};
+    if constexpr (REL) {
+      stage_own<DP>(sm, a, a.q, a.dout, r0, nrows, h, qf, gf);
+      own_coords(a, w0, cq, &rq);
+      const int own = warp * 16 * sm.lp;
+      if (a.tq) table_products<DP, LD>(sm.own_p1 + own, sm.lp, qf, sm.tq, 0, a.L3p / 16);
+      if (a.tv) table_products<DP, LD>(sm.own_p2 + own, sm.lp, gf, sm.tv, 0, a.L3p / 16);
+      for (int i = lane; i < 16 * sm.lp; i += 32) {
+        if (a.tq) sm.hist1[own + i] = 0.f;
+        if (a.tv) sm.hist2[own + i] = 0.f;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int at = own + (g + 8 * i) * sm.lp;
+        qt_row[i] = sm.own_p1 + at;
+        gt_row[i] = sm.own_p2 + at;
+        hq_row[i] = sm.hist1 + at;
+        hv_row[i] = sm.hist2 + at;
+      }
+    } else {
+      load_a_rows<DP>(qf, a.q, a.N, a.H, w0, h);
+      load_a_rows<DP>(gf, a.dout, a.N, a.H, w0, h);
+    }
+    float dq[DT][4] = {};
+    const int nblocks = (kend - kbeg + BN - 1) / BN;
+    auto load = [&](int blk) {
+      load_key_block<DP, BN>(sm.X, sm.Y, REL ? sm.oc : nullptr, sm.orad, a, kbeg, kend, blk, h);
+    };
+    double_buffered(nblocks, load, [&](int blk) {
+      const int c0 = kbeg + blk * BN, buf = blk & 1;
+      const T* K = sm.X + buf * BN * LD;
+      const T* V = sm.Y + buf * BN * LD;
+      const int* kc = sm.oc + buf * BN * 3;
+      const float* kr = sm.orad + buf * BN;
+      if constexpr (REL) {
+        if (a.tk) {
+          block_products<DP, BN>(sm.other_p1, sm.lp, K, sm.tk, a.L3p);
+          __syncthreads();
+        }
+      }
+      if (active && c0 < wrange.y && c0 + BN > wrange.x) {
+        float s[NT][4] = {}, dp[NT][4] = {};
+        uint32_t rows[NT][4] = {};
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np)
+          if (overlaps16(c0 + 16 * np, wrange)) {
+            mma_abt_pair<DP, LD>(s, qf, K, np);
+            mma_abt_pair<DP, LD>(dp, gf, V, np);
+          }
+        backward_probs(s, dp, rows, c0, win0, win1, wrange, sl2,
+                       [&](int, int i) { return make_float2(lse2[i], dl[i]); },
+                       [&](int col, int i, float& logit2, float& dpv) -> uint32_t {  // pair (query row i, key col)
+                         if constexpr (REL) {
+                           const uint32_t packed = pack_rows(a.rel, cq[i], kc + col * 3, rq[i],
+                                                             a.rel.radius ? kr[col] : 0.f);
+                           if (a.tq) logit2 += gather3(qt_row[i], packed) * sl2;
+                           if (a.tk) logit2 += gather3(sm.other_p1 + col * sm.lp, packed) * kLog2e;
+                           if (a.tv) dpv += gather3(gt_row[i], packed);
+                           return packed;
+                         } else {
+                           return 0u;
+                         }
+                       });
+        if constexpr (REL) {
+          if (a.tq) quad_hist_add(hq_row[0], hq_row[1], rows, dp);
+          if (a.tv) quad_hist_add(hv_row[0], hv_row[1], rows, s);
+        }
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; ++kk) {
+          if (!overlaps16(c0 + 16 * kk, wrange)) continue;
+          uint32_t da[4];
+          c_to_a<T>(da, dp, kk);
+          mma_ab<DP, LD>(dq, da, K, kk);
+        }
+      }
+    });
+    if constexpr (REL) {
+      if (a.tq && active)  // dq's table term Σ_n Hq[n]·Tq[n], scaled with the rest below
+        add_rows_times_table<DP, LD>(dq, sm.hist1 + warp * 16 * sm.lp, sm.lp, sm.tq, a.L3p, 1.f, 1.f);
+    }
+    if (active) {
+      const float f = static_cast<float>(a.scale);
+      store_c_rows<DP>(a.dq, dq, a.N, a.H, w0, h, f, f);
+    }
+    if constexpr (REL) {
+      __syncthreads();
+      const int64_t slot = (int64_t)blockIdx.x * a.L3 * a.H * DP;
+      if (a.tq) table_grad_mma<DP, LD>(a.dtq + slot, sm.hist1, sm.lp, sm.A, a.L3, a.L3p, a.H, h, a.scale);
+      if (a.tv) table_grad_mma<DP, LD>(a.dtv + slot, sm.hist2, sm.lp, sm.B, a.L3, a.L3p, a.H, h, 1.f);
+      __syncthreads();
+    }
+  }
+}
+
+// dk, dv of 64 key rows of one head (16 per warp), walking the query blocks of their windows: Sᵀ = K·Qᵀ,
+// dPᵀ = V·dOᵀ, dv += Pᵀ·dO, dk += dSᵀ·Q; Q/dO blocks with their lse and delta double-buffered. REL: the
+// query blocks' products Qt, Gt per block, the own Kt once; Hk (of dS) gives dk's table term and dTk.
+template <int DP, typename T, bool REL>
+__global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T> a) {
+  using namespace mma;
+  if (REL && a.onehot != nullptr && *a.onehot) return;  // bwd_dkv_onehot_kernel does the work
+  using Smem = MmaDkvSmem<DP, T, REL>;
+  constexpr int BQ = Smem::BN, LD = kLd<DP>, NT = BQ / 8, DT = DP / 8;
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const Smem sm(bump, a);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+  const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  for (int item = blockIdx.x; item < num_items(a); item += gridDim.x) {
+    // A query attends to a key exactly when they share a window, so the key's window bounds its queries.
+    const WarpItem it(a.bounds, a.N, a.H, item);
+    const int h = it.h, c0 = it.r0, nkeys = it.n, qbeg = it.lo, qend = it.hi, w0 = it.w0;
+    const bool active = it.active;
+    const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1;
+    uint32_t kf[DP / 16][4], vf[DP / 16][4];
+    int ck[2][3] = {};
+    float rk[2] = {0.f, 0.f};
+    float *kt_row[2] = {}, *hk_row[2] = {};
+    if constexpr (REL) {
+      stage_own<DP>(sm, a, a.k, a.v, c0, nkeys, h, kf, vf);
+      own_coords(a, w0, ck, &rk);
+      const int own = warp * 16 * sm.lp;
+      if (a.tk) {
+        table_products<DP, LD>(sm.own_p1 + own, sm.lp, kf, sm.tk, 0, a.L3p / 16);
+        for (int i = lane; i < 16 * sm.lp; i += 32) sm.hist1[own + i] = 0.f;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        kt_row[i] = sm.own_p1 + own + (g + 8 * i) * sm.lp;
+        hk_row[i] = sm.hist1 + own + (g + 8 * i) * sm.lp;
+      }
+    } else {
+      load_a_rows<DP>(kf, a.k, a.N, a.H, w0, h);
+      load_a_rows<DP>(vf, a.v, a.N, a.H, w0, h);
+    }
+    float dk[DT][4] = {}, dv[DT][4] = {};
+    const int nblocks = (qend - qbeg + BQ - 1) / BQ;
+    auto load = [&](int blk) {
+      const int q0 = qbeg + blk * BQ, n = min(BQ, qend - q0), buf = blk & 1;
+      async_block<DP, LD, BQ, kThreads>(sm.X + buf * BQ * LD, a.q, a.H, q0, n, h);
+      async_block<DP, LD, BQ, kThreads>(sm.Y + buf * BQ * LD, a.dout, a.H, q0, n, h);
+      for (int i = threadIdx.x; i < BQ; i += kThreads) {
+        const bool ok = i < n;
+        const int64_t at = ok ? (int64_t)(q0 + i) * a.H + h : 0;
+        cp_async_4(sm.lse + buf * BQ + i, a.lse_in + at, ok);
+        cp_async_4(sm.delta + buf * BQ + i, a.delta + at, ok);
+      }
+      if constexpr (REL) async_coords<BQ>(sm.oc + buf * BQ * 3, sm.orad + buf * BQ, a, q0, n);
+      cp_async_commit();
+    };
+    double_buffered(nblocks, load, [&](int blk) {
+      const int q0 = qbeg + blk * BQ, buf = blk & 1;
+      const T* Q = sm.X + buf * BQ * LD;
+      const T* G = sm.Y + buf * BQ * LD;
+      const float* lse = sm.lse + buf * BQ;
+      const float* delta = sm.delta + buf * BQ;
+      const int* qc = sm.oc + buf * BQ * 3;
+      const float* qr = sm.orad + buf * BQ;
+      if constexpr (REL) {
+        if (a.tq || a.tv) {
+          if (a.tq) block_products<DP, BQ>(sm.other_p1, sm.lp, Q, sm.tq, a.L3p);
+          if (a.tv) block_products<DP, BQ>(sm.other_p2, sm.lp, G, sm.tv, a.L3p);
+          __syncthreads();
+        }
+      }
+      if (active && q0 < wrange.y && q0 + BQ > wrange.x) {
+        float s[NT][4] = {}, dp[NT][4] = {};
+        uint32_t rows[NT][4] = {};
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np)
+          if (overlaps16(q0 + 16 * np, wrange)) {
+            mma_abt_pair<DP, LD>(s, kf, Q, np);
+            mma_abt_pair<DP, LD>(dp, vf, G, np);
+          }
+        backward_probs(s, dp, rows, q0, win0, win1, wrange, sl2,
+                       [&](int col, int) { return make_float2(lse[col] * kLog2e, delta[col]); },
+                       [&](int col, int r, float& logit2, float& dpv) -> uint32_t {  // pair (query col, key row r)
+                         if constexpr (REL) {
+                           const uint32_t packed = pack_rows(a.rel, qc + col * 3, ck[r], a.rel.radius ? qr[col] : 0.f,
+                                                             rk[r]);
+                           if (a.tq) logit2 += gather3(sm.other_p1 + col * sm.lp, packed) * sl2;
+                           if (a.tk) logit2 += gather3(kt_row[r], packed) * kLog2e;
+                           if (a.tv) dpv += gather3(sm.other_p2 + col * sm.lp, packed);
+                           return packed;
+                         } else {
+                           return 0u;
+                         }
+                       });
+        if constexpr (REL) {
+          if (a.tk) quad_hist_add(hk_row[0], hk_row[1], rows, dp);
+        }
+#pragma unroll
+        for (int kk = 0; kk < NT / 2; ++kk) {
+          if (!overlaps16(q0 + 16 * kk, wrange)) continue;
+          uint32_t pa[4], da[4];
+          c_to_a<T>(pa, s, kk);
+          mma_ab<DP, LD>(dv, pa, G, kk);
+          c_to_a<T>(da, dp, kk);
+          mma_ab<DP, LD>(dk, da, Q, kk);
+        }
+      }
+    });
+    // dk = scale·dSᵀQ + Σ_n Hk[n]·Tk[n]: the key-side table term carries no scale.
+    const float f = static_cast<float>(a.scale);
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[dt][e] *= f;
+    if constexpr (REL) {
+      if (a.tk && active)
+        add_rows_times_table<DP, LD>(dk, sm.hist1 + warp * 16 * sm.lp, sm.lp, sm.tk, a.L3p, 1.f, 1.f);
+    }
+    if (active) {
+      store_c_rows<DP>(a.dk, dk, a.N, a.H, w0, h, 1.f, 1.f);
+      store_c_rows<DP>(a.dv, dv, a.N, a.H, w0, h, 1.f, 1.f);
+    }
+    if constexpr (REL) {
+      __syncthreads();
+      if (a.tk)
+        table_grad_mma<DP, LD>(a.dtk + (int64_t)blockIdx.x * a.L3 * a.H * DP, sm.hist1, sm.lp, sm.A, a.L3, a.L3p,
+                               a.H, h, 1.f);
+      __syncthreads();
+    }
+  }
+}
+
+// The mma.sync backward (fp16/bf16, head dim 16..128 with aligned rows, its shared memory fits), or false
+// for the tile kernels. With tables, table-gradient slots (one per CTA) come from make_slots(grid). Cubic tables
+// (no radial bins) launch the one-hot kernels too, on their own persistent grids: a device flag set from the
+// coordinates tells them or the gather kernels to return at once, and the slots cover either grid.
+template <int DP, typename T, typename MakeSlots>
+bool launch_mma_backward(const FusedOperands& o, Args<T>& a, const MakeSlots& make_slots) {
+  if (!a.vec || (o.has_rel() && 3 * o.L > kMaxRows3)) return false;
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  auto run = [&](auto rel) {
+    constexpr bool REL = decltype(rel)::value;
+    auto* dq_kernel = bwd_dq_mma_kernel<DP, T, REL>;
+    auto* dkv_kernel = bwd_dkv_mma_kernel<DP, T, REL>;
+    const size_t dq_bytes = fit_smem(dq_kernel, smem_bytes<MmaDqSmem<DP, T, REL>>(a));
+    const size_t dkv_bytes = fit_smem(dkv_kernel, smem_bytes<MmaDkvSmem<DP, T, REL>>(a));
+    if (dq_bytes == 0 || dkv_bytes == 0) return false;
+    const int items = static_cast<int>(mma_grid(o));
+    const int dq_grid = REL ? persistent_grid(dq_kernel, dq_bytes, items, 1) : items;
+    const int dkv_grid = REL ? persistent_grid(dkv_kernel, dkv_bytes, items, 1) : items;
+    auto* dq_onehot = bwd_dq_onehot_kernel<DP, T>;
+    auto* dkv_onehot = bwd_dkv_onehot_kernel<DP, T>;
+    size_t dq_onehot_bytes = 0, dkv_onehot_bytes = 0;
+    if (REL && !o.radius.defined()) {
+      dq_onehot_bytes = fit_smem(dq_onehot, smem_bytes<OneHotDqSmem<DP, T>>(a));
+      dkv_onehot_bytes = fit_smem(dkv_onehot, smem_bytes<OneHotDkvSmem<DP, T>>(a));
+    }
+    const bool onehot = dq_onehot_bytes > 0 && dkv_onehot_bytes > 0;
+    const int dq_onehot_grid = onehot ? persistent_grid(dq_onehot, dq_onehot_bytes, items, 1) : 0;
+    const int dkv_onehot_grid = onehot ? persistent_grid(dkv_onehot, dkv_onehot_bytes, items, 1) : 0;
+    make_slots(std::max(dq_grid, dq_onehot_grid), std::max(dkv_grid, dkv_onehot_grid));
+    at::Tensor flag;
+    if (onehot) {
+      flag = onehot_flag(o);
+      a.onehot = flag.const_data_ptr<int>();
+    }
+    delta_kernel<DP, T><<<grid_for(o.N * o.H, 256), 256, 0, stream>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (onehot) {
+      dq_onehot<<<dq_onehot_grid, mma::kThreads, dq_onehot_bytes, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    dq_kernel<<<dq_grid, mma::kThreads, dq_bytes, stream>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (onehot) {
+      dkv_onehot<<<dkv_onehot_grid, mma::kThreads, dkv_onehot_bytes, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    dkv_kernel<<<dkv_grid, mma::kThreads, dkv_bytes, stream>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return true;
+  };
+  return o.has_rel() ? run(std::true_type()) : run(std::false_type());
+}
+
+}  // namespace
+
+// The backward of one head-dim bucket, all dtypes (declared in fused_window_attention_cuda.h; one
+// fused_window_attention_bwd_d<DP>.cu instantiates each bucket).
+template <int DP>
+void window_attention_bwd_head_dim(const FusedOperands& o, BackwardTensors& t, double scale, bool deterministic) {
+  SPTR_DISPATCH_FLOATING(o.q.scalar_type(), "window_attention_bwd_cuda", [&] {
+    using T = typename CudaType<scalar_t>::type;
+    using A = acc_t<T>;
+    Args<T> a = make_args<T, scalar_t>(o, scale, t.bounds);
+    a.vec = a.vec && aligned16(t.grad) && aligned16(t.out);
+    a.dout = reinterpret_cast<const T*>(t.grad.const_data_ptr<scalar_t>());
+    a.out = reinterpret_cast<const T*>(t.out.const_data_ptr<scalar_t>());
+    a.lse_in = t.lse.const_data_ptr<A>();
+    a.delta = t.delta.data_ptr<A>();
+    a.dq = reinterpret_cast<T*>(t.dq.data_ptr<scalar_t>());
+    a.dk = reinterpret_cast<T*>(t.dk.data_ptr<scalar_t>());
+    a.dv = reinterpret_cast<T*>(t.dv.data_ptr<scalar_t>());
+    a.dynamic = !deterministic;
+    auto make_slots = [&](int dq_grid, int dkv_grid) {
+      t.slots_q = o.table_grad_buffer(o.table_q, dq_grid);
+      t.slots_v = o.table_grad_buffer(o.table_v, dq_grid);
+      t.slots_k = o.table_grad_buffer(o.table_k, dkv_grid);
+      a.dtq = t.slots_q.numel() ? t.slots_q.data_ptr<A>() : nullptr;
+      a.dtv = t.slots_v.numel() ? t.slots_v.data_ptr<A>() : nullptr;
+      a.dtk = t.slots_k.numel() ? t.slots_k.data_ptr<A>() : nullptr;
+    };
+    if constexpr (kTensorCores<T>) {
+      if (launch_mma_backward<DP>(o, a, make_slots)) return;
+    }
+    dispatch_rel(o, [&](auto rel) {
+      constexpr bool REL = decltype(rel)::value;
+      const int ntiles = num_tiles(o);
+      auto* dq_kernel = bwd_dq_kernel<DP, T, REL>;
+      auto* dkv_kernel = bwd_dkv_kernel<DP, T, REL>;
+      const size_t dq_bytes = prepare<DqSmem<DP, T>>(dq_kernel, a, "window_attention backward");
+      const size_t dkv_bytes = prepare<DkvSmem<DP, T>>(dkv_kernel, a, "window_attention backward");
+      const int dq_grid = persistent_grid(dq_kernel, dq_bytes, ntiles, a.H);
+      const int dkv_grid = persistent_grid(dkv_kernel, dkv_bytes, ntiles, a.H);
+      make_slots(dq_grid, dkv_grid);
+      a.tile_counter = t.counters.data_ptr<int32_t>();
+      launch(dq_kernel, a, dq_grid, dq_bytes);  // also writes delta, read by the key side
+      a.tile_counter = t.counters.data_ptr<int32_t>() + o.H;
+      launch(dkv_kernel, a, dkv_grid, dkv_bytes);
+    });
+  });
+}
+
+}  // namespace sptr
