@@ -36,7 +36,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   t.bounds = token_bounds(o);
   t.delta = at::empty_like(t.lse);
   t.counters = at::zeros({2, o.H}, o.offsets.options());
-  dispatch_head_dim(o.d, [&](auto dp) { window_attention_bwd_head_dim<decltype(dp)::value>(o, t, scale, deterministic); });
+  dispatch_head_dim(o.d, [&](auto dp) {
+    window_attention_bwd_head_dim<decltype(dp)::value>(o, t, scale, deterministic);
+  });
   return {t.dq, t.dk, t.dv, finish(t.slots_q, o.table_q), finish(t.slots_k, o.table_k), finish(t.slots_v, o.table_v)};
 }
 

@@ -21,7 +21,9 @@ std::tuple<at::Tensor, at::Tensor> window_attention_fwd_cuda(
   at::Tensor lse = at::empty({o.N, o.H}, o.q.options().dtype(at::toOpMathType(o.q.scalar_type())));
   if (o.N == 0) return {out, lse};
   const at::Tensor bounds = token_bounds(o);
-  dispatch_head_dim(o.d, [&](auto dp) { window_attention_fwd_head_dim<decltype(dp)::value>(o, scale, bounds, out, lse); });
+  dispatch_head_dim(o.d, [&](auto dp) {
+    window_attention_fwd_head_dim<decltype(dp)::value>(o, scale, bounds, out, lse);
+  });
   return {out, lse};
 }
 

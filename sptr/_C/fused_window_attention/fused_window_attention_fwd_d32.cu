@@ -2,5 +2,6 @@
 #include "fused_window_attention_fwd.cuh"
 
 namespace sptr {
-template void window_attention_fwd_head_dim<32>(const FusedOperands&, double, const at::Tensor&, at::Tensor&, at::Tensor&);
+template void window_attention_fwd_head_dim<32>(const FusedOperands&, double, const at::Tensor&, at::Tensor&,
+                                                   at::Tensor&);
 }  // namespace sptr

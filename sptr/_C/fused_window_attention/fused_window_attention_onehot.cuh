@@ -39,7 +39,8 @@ __device__ void onehot_tilde(T* til, T* til_lo, const T* prod, const T* prod_lo,
       const uint32_t hi = row[onehot_rel<QUERY>(c, u0 + 2 * k + 1, shift, L) * 3];
       w[k] = lo | hi << 16;
     }
-    *reinterpret_cast<uint4*>((plane ? til_lo : til) + j * kOneHotLd + a * kOneHot + u0) = make_uint4(w[0], w[1], w[2], w[3]);
+    T* out = (plane ? til_lo : til) + j * kOneHotLd + a * kOneHot + u0;
+    *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -93,7 +94,6 @@ __device__ __forceinline__ void onehot_block(T* E, const int* coords) {
         make_uint4(onehot2<T>(c, c - 1, 0), onehot2<T>(c, c - 1, 2), onehot2<T>(c, c - 1, 4), onehot2<T>(c, c - 1, 6));
   }
 }
-
 
 // acc (C tiles 2np, 2np+1) += X̃ · Eᵀ for the warp's 16 own tilde rows (shared memory, from row `own`) and the
 // 16 tokens of group np of a block whose one-hot rows are E (onehot_block).
@@ -193,17 +193,6 @@ size_t fit_smem(Kernel* kernel, size_t bytes) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
   return bytes;
 }
-
-__host__ __device__ constexpr size_t align128(size_t x) { return (x + 127) & ~size_t(127); }
-
-// At least `need` bytes of `b` from `start` on: a buffer that overlays the ones taken since `start`.
-__host__ __device__ inline void reserve_from(Bump& b, const char* start, size_t need) {
-  const uintptr_t end = reinterpret_cast<uintptr_t>(b.at(b.off)), from = reinterpret_cast<uintptr_t>(start);
-  const size_t used = end > from ? end - from : 0;
-  if (need > used) b.take<char>(need - used);
-}
-// The 128-byte aligned address the next take of `b` returns.
-__host__ __device__ inline char* next_take(const Bump& b) { return b.at(align128(b.off)); }
 
 }  // namespace
 }  // namespace sptr

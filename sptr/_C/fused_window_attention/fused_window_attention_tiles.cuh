@@ -113,6 +113,8 @@ struct Args {
   __host__ __device__ bool has_rel() const { return rel.coords != nullptr; }
 };
 
+__host__ __device__ constexpr size_t align128(size_t x) { return (x + 127) & ~size_t(127); }
+
 // Bump allocation of the dynamic shared memory; run on the host with a null base to size it. On the device
 // every pointer it returns is the shared-memory base plus an offset, never null: so the compiler knows them
 // all for shared memory and uses shared loads and stores (a null or an integer-made pointer would make every
@@ -140,6 +142,15 @@ struct Bump {
   template <typename U>
   __host__ __device__ U* take_if(bool cond, size_t n) { return take<U>(cond ? n : 0); }
 };
+
+// At least `need` bytes of `b` from `start` on: a buffer that overlays the ones taken since `start`.
+__host__ __device__ inline void reserve_from(Bump& b, const char* start, size_t need) {
+  const uintptr_t end = reinterpret_cast<uintptr_t>(b.at(b.off)), from = reinterpret_cast<uintptr_t>(start);
+  const size_t used = end > from ? end - from : 0;
+  if (need > used) b.take<char>(need - used);
+}
+// The 128-byte aligned address the next take of `b` returns.
+__host__ __device__ inline char* next_take(const Bump& b) { return b.at(align128(b.off)); }
 
 // Coordinates of the thread's own rows g and g+8 from w0 (0 past N) and, with `radius`, their radii.
 template <typename T>
