@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One build + GPU test + benchmark cycle on the H200 device (see README "GPU validation").
+# One build + GPU test + benchmark (+ optional Nsight Compute profile) cycle on the device (see docs/benchmarks.md).
 # Wheels for transformers 4.49 (the test oracle), liger-kernel and spconv's pure-Python needs (pccm, ccimport,
 # fire, termcolor, lark) travel in .whl/ (not committed); spconv-cu126 and cumm-cu126 as one xz tarball of their
 # unpacked wheels (.whl/spconv_cu126_cumm.tar.xz: the two wheels are 98 MB, over a call's 64 MiB); CUTLASS's
@@ -59,3 +59,18 @@ for b in ${BENCHMARKS-bench_fused_attention bench_window_attention bench_rope}; 
   PYTHONPATH=$ORACLE:/tmp/sptr111pkg:. timeout ${BENCH_TIMEOUT:-240} python3 "benchmarks/$b.py" ${BENCH_ARGS:-} \
     2>&1 | tee "$OUT/$b.log" | tail -60
 done
+# NCU_KERNELS (a kernel-name regex, e.g. "(fwd|dq|dkv)_onehot"): Nsight Compute's source counters of one
+# forward+backward with the tables (profile_fused_forward.py --once --rel-pos; NCU_ARGS picks the shape),
+# summarised by ncu_hotspots.py into $OUT/ncu_hotspots.txt; the per-instruction CSV comes back xz-compressed.
+if [ -n "${NCU_KERNELS:-}" ]; then
+  PYTHONPATH=$ORACLE:. timeout ${NCU_TIMEOUT:-200} ncu -k "regex:$NCU_KERNELS" --launch-count ${NCU_LAUNCHES:-3} \
+    --section SourceCounters --section WarpStateStats --section Occupancy --section LaunchStats \
+    --section SpeedOfLight -o "$OUT/ncu" python3 benchmarks/profile_fused_forward.py --once --rel-pos \
+    ${NCU_ARGS:---window 12 --heads 4x32} > "$OUT/ncu.log" 2>&1
+  ncu -i "$OUT/ncu.ncu-rep" --page details > "$OUT/ncu_details.txt"
+  ncu -i "$OUT/ncu.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_source.csv" \
+    && python3 benchmarks/ncu_hotspots.py "$OUT/ncu_source.csv" > "$OUT/ncu_hotspots.txt"
+  rm -f "$OUT/ncu.ncu-rep"
+  xz -T8 "$OUT/ncu_source.csv"
+  head -40 "$OUT/ncu_hotspots.txt"
+fi

@@ -10,6 +10,7 @@ On the GPU machine (the fused attention's table kernels, one forward+backward):
     ncu -i rep.ncu-rep --page source --csv --print-source sass > src.csv
     python3 benchmarks/ncu_hotspots.py src.csv [--top 16]
 
+(`NCU_KERNELS=<regex> bash benchmarks/device_run.sh` runs these three after its tests and benchmarks.)
 The CSV holds one "Kernel Name" line per kernel, then a header line ("Address", "Source", ... "Instructions
 Executed", ...) and one line per SASS instruction.
 """
