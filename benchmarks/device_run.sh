@@ -44,8 +44,10 @@ fi
 # Two threads per test process, so that xdist workers and the multi-process tests' ranks do not oversubscribe
 # the 16 cores, and a per-test time limit (pytest-timeout), so that a stuck test fails with its stack instead
 # of using up the call.
-PYTHONPATH=$ORACLE:. OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} python3 -m pytest ${PYTEST_TARGETS:-tests} -q -p no:cacheprovider -rs \
-  --timeout "${PYTEST_TIMEOUT:-240}" ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tee "$OUT/pytest.log" | tail -25
+# SKIP_TESTS=1 leaves the main run out (a follow-up call on a warm machine that only profiles or benchmarks).
+[ -n "${SKIP_TESTS:-}" ] || PYTHONPATH=$ORACLE:. OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} python3 -m pytest ${PYTEST_TARGETS:-tests} \
+  -q -p no:cacheprovider -rs --timeout "${PYTEST_TIMEOUT:-240}" ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
+  | tee "$OUT/pytest.log" | tail -25
 # ... and the 5.x-form adapter is checked against the machine's own transformers 5.x.
 [ -n "${SKIP_HF5:-}" ] || PYTHONPATH=. python3 -m pytest tests/ops/test_rope_index_hf5.py \
   tests/integrations/test_qwen2_5_vl_hf5.py tests/models/test_qwen2_5_vl_moe_hf5.py -q -p no:cacheprovider -rs \
@@ -59,18 +61,24 @@ for b in ${BENCHMARKS-bench_fused_attention bench_window_attention bench_rope}; 
   PYTHONPATH=$ORACLE:/tmp/sptr111pkg:. timeout ${BENCH_TIMEOUT:-240} python3 "benchmarks/$b.py" ${BENCH_ARGS:-} \
     2>&1 | tee "$OUT/$b.log" | tail -60
 done
-# NCU_KERNELS (a kernel-name regex, e.g. "(fwd|dq|dkv)_onehot"): Nsight Compute's source counters of one
-# forward+backward with the tables (profile_fused_forward.py --once --rel-pos; NCU_ARGS picks the shape),
-# summarised by ncu_hotspots.py into $OUT/ncu_hotspots.txt; the per-instruction CSV comes back xz-compressed.
-if [ -n "${NCU_KERNELS:-}" ]; then
-  PYTHONPATH=$ORACLE:. timeout ${NCU_TIMEOUT:-200} ncu -k "regex:$NCU_KERNELS" --launch-count ${NCU_LAUNCHES:-3} \
+# NCU_KERNELS: one or more Nsight Compute profiles separated by ';', each a kernel-name regex with optional
+# profile_fused_forward.py arguments after '@' (default NCU_ARGS, else window 12, 4x32), e.g.
+# "(fwd|dq|dkv)_onehot;(fwd|bwd_dq|bwd_dkv)_kernel<@--window 6 --heads 4x16 --dtypes float32": the source
+# counters of one forward+backward with the tables, summarised by ncu_hotspots.py into $OUT/ncu<i>_hotspots.txt;
+# the per-instruction CSV comes back xz-compressed.
+i=0
+IFS=';' read -r -a NCU_PROFILES <<< "${NCU_KERNELS:-}"
+for profile in "${NCU_PROFILES[@]}"; do
+  i=$((i + 1)); regex=${profile%%@*}; pargs=${NCU_ARGS:---window 12 --heads 4x32}
+  [ "$regex" != "$profile" ] && pargs=${profile#*@}
+  PYTHONPATH=$ORACLE:. timeout ${NCU_TIMEOUT:-200} ncu -k "regex:$regex" --launch-count ${NCU_LAUNCHES:-3} \
     --section SourceCounters --section WarpStateStats --section Occupancy --section LaunchStats \
-    --section SpeedOfLight -o "$OUT/ncu" python3 benchmarks/profile_fused_forward.py --once --rel-pos \
-    ${NCU_ARGS:---window 12 --heads 4x32} > "$OUT/ncu.log" 2>&1
-  ncu -i "$OUT/ncu.ncu-rep" --page details > "$OUT/ncu_details.txt"
-  ncu -i "$OUT/ncu.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_source.csv" \
-    && python3 benchmarks/ncu_hotspots.py "$OUT/ncu_source.csv" > "$OUT/ncu_hotspots.txt"
-  rm -f "$OUT/ncu.ncu-rep"
-  xz -T8 "$OUT/ncu_source.csv"
-  head -40 "$OUT/ncu_hotspots.txt"
-fi
+    --section SpeedOfLight -o "$OUT/ncu$i" python3 benchmarks/profile_fused_forward.py --once --rel-pos \
+    $pargs > "$OUT/ncu$i.log" 2>&1
+  ncu -i "$OUT/ncu$i.ncu-rep" --page details > "$OUT/ncu${i}_details.txt"
+  ncu -i "$OUT/ncu$i.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu${i}_source.csv" \
+    && python3 benchmarks/ncu_hotspots.py "$OUT/ncu${i}_source.csv" > "$OUT/ncu${i}_hotspots.txt"
+  rm -f "$OUT/ncu$i.ncu-rep"
+  xz -T8 "$OUT/ncu${i}_source.csv"
+  head -40 "$OUT/ncu${i}_hotspots.txt"
+done

@@ -88,7 +88,7 @@ def assert_matches_reference(q, k, v, offsets, rel_pos, scale, seed):
 
 
 @pytest.mark.parametrize("device", device_params())
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float64])  # float64: the tile kernels' FMA path on CUDA
 @pytest.mark.parametrize("tables,radial", [(t, False) for t in TABLE_SETS] + [("qk", True), ("qkv", True),
                                                                                   ("v", True)])
 def test_forward_backward_match_reference(device, dtype, tables, radial):

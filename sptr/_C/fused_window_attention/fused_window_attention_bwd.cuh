@@ -135,10 +135,16 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dq_kernel(const Arg
       acc.template mma<false>(s.dS, s.K);
     }
     __syncthreads();
-    acc.store(s.O);
     if (a.tq) stage_table<DP>(s.Ts, a.tq, a, h);
+    if constexpr (kHistTiles<T>) {
+      if (REL && a.tq) {
+        __syncthreads();
+        acc.add_product(s.Hq, a.L3p, s.Ts, a.L3p);
+      }
+    }
+    acc.store(s.O);
     __syncthreads();
-    write_rows<DP>(a.dq, s.O, REL && a.tq, s.Hq, s.Ts, a, r0, nrows, h, a.scale);
+    write_rows<DP>(a.dq, s.O, !kHistTiles<T> && REL && a.tq, s.Hq, s.Ts, a, r0, nrows, h, a.scale);
     if (a.tq) table_grad<DP>(a.dtq, s.Hq, s.Q, a, h, a.scale);
     if (a.tv) table_grad<DP>(a.dtv, s.Hv, s.dO, a, h, A(1));
   }
@@ -237,14 +243,23 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dkv_kernel(const Ar
       dv.template mma<true>(s.P, s.dO);
     }
     __syncthreads();
+    if (a.tk) stage_table<DP>(s.Tq, a.tk, a, h);
+    // dk = scale·dSᵀQ + Σ_n Hk[n]·Tk[n]: the scale is applied to the tile product before the table term.
+    if constexpr (kHistTiles<T>) {
+      dk.scale(a.scale);
+      if (REL && a.tk) {
+        __syncthreads();
+        dk.add_product(s.Hk, a.L3p, s.Tq, a.L3p);
+      }
+    }
     dk.store(s.Ok);
     dv.store(s.Ov);
-    if (a.tk) stage_table<DP>(s.Tq, a.tk, a, h);
     __syncthreads();
-    // dk = scale·dSᵀQ + Σ_n Hk[n]·Tk[n]: the scale is applied to the tile product before the table term.
-    for (int idx = tid; idx < kBM * kLDO<DP>; idx += kThreads) s.Ok[idx] *= a.scale;
-    __syncthreads();
-    write_rows<DP>(a.dk, s.Ok, REL && a.tk, s.Hk, s.Tq, a, c0, nkeys, h, A(1));
+    if constexpr (!kHistTiles<T>) {
+      for (int idx = tid; idx < kBM * kLDO<DP>; idx += kThreads) s.Ok[idx] *= a.scale;
+      __syncthreads();
+    }
+    write_rows<DP>(a.dk, s.Ok, !kHistTiles<T> && REL && a.tk, s.Hk, s.Tq, a, c0, nkeys, h, A(1));
     write_rows<DP>(a.dv, s.Ov, false, s.Ov, s.Q, a, c0, nkeys, h, A(1));
     if (a.tk) table_grad<DP>(a.dtk, s.Hk, s.K, a, h, A(1));
   }

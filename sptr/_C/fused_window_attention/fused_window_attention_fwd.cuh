@@ -110,10 +110,16 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T
       }
     }
     __syncthreads();
-    acc.store(s.O);
     if (a.tv) stage_table<DP>(s.Ts, a.tv, a, h);
+    if constexpr (kHistTiles<T>) {
+      if (REL && a.tv) {
+        __syncthreads();
+        acc.add_product(s.Hv, a.L3p, s.Ts, a.L3p);
+      }
+    }
+    acc.store(s.O);
     __syncthreads();
-    write_rows<DP>(a.o, s.O, REL && a.tv, s.Hv, s.Ts, a, r0, nrows, h, A(1));
+    write_rows<DP>(a.o, s.O, !kHistTiles<T> && REL && a.tv, s.Hv, s.Ts, a, r0, nrows, h, A(1));
     if (tid < nrows) a.lse[(int64_t)(r0 + tid) * a.H + h] = s.lse[tid];
   }
 }

@@ -3,7 +3,7 @@
 //
 // A CTA takes a tile of kBM tokens of one head (tiles may straddle windows) and walks the key blocks of
 // the windows its rows belong to, masking pairs across windows. Products go through per-warp 16x16 tiles
-// in shared memory: tensor cores (wmma, fp32 accumulation) for fp16/bf16, plain FMAs for fp32/fp64.
+// in shared memory: tensor cores (wmma, fp32 accumulation) for fp16/bf16 and, as 3xTF32, for fp32; FMAs for fp64.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -91,7 +91,75 @@ struct SimtTile {  // lane owns row lane/2, columns (lane%2)·8 + [0, 8)
   }
 };
 
-template <typename T> using Tile = std::conditional_t<kTensorCores<T>, WmmaTile<T>, SimtTile<T>>;
+// fp32 tiles on the tensor cores with three TF32 products (3xTF32): each operand x = hi + lo with hi = tf32(x)
+// and lo = tf32(x − hi), and C += lo·hi + hi·lo + hi·hi. The dropped lo·lo and the rounding of lo are ~2^-22 of
+// a product, so the result keeps about fp32's accuracy; the FMA tile (SimtTile) took 4-6x the fp16 time.
+struct Tf32Tile {
+  float c[2][4] = {};  // mma C fragments of columns [0, 8) and [8, 16): rows g, g + 8, columns 2t, 2t + 1
+  __device__ void zero() {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[j][e] = 0.f;
+  }
+  // hi = x rounded to TF32's 10 mantissa bits (half an ulp added to the bits, then the low 13 cleared: round to
+  // nearest, ties away, as cvt.rna, which sm_90 emulates in ~6 instructions), lo = (x − hi) rounded the same way.
+  __device__ static uint32_t round_tf32(uint32_t bits) { return (bits + 0x1000u) & 0xffffe000u; }
+  __device__ static void split(float x, uint32_t& hi, uint32_t& lo) {
+    hi = round_tf32(__float_as_uint(x));
+    lo = round_tf32(__float_as_uint(x - __uint_as_float(hi)));
+  }
+  template <bool AT, bool BT>
+  __device__ void mma(const float* A, int lda, const float* B, int ldb, int K) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const auto a_at = [&](int r, int k) { return AT ? A[k * lda + r] : A[r * lda + k]; };
+    const auto b_at = [&](int k, int n) { return BT ? B[n * ldb + k] : B[k * ldb + n]; };
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      uint32_t a[4], a_lo[4];
+      split(a_at(g, k0 + t), a[0], a_lo[0]);
+      split(a_at(g + 8, k0 + t), a[1], a_lo[1]);
+      split(a_at(g, k0 + t + 4), a[2], a_lo[2]);
+      split(a_at(g + 8, k0 + t + 4), a[3], a_lo[3]);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        uint32_t b0, b0_lo, b1, b1_lo;
+        split(b_at(k0 + t, 8 * j + g), b0, b0_lo);
+        split(b_at(k0 + t + 4, 8 * j + g), b1, b1_lo);
+        mma::mma_1688_tf32(c[j], a_lo, b0, b1);
+        mma::mma_1688_tf32(c[j], a, b0_lo, b1_lo);
+        mma::mma_1688_tf32(c[j], a, b0, b1);
+      }
+    }
+  }
+  __device__ void store(float* C, int ldc) const {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        *reinterpret_cast<float2*>(C + (g + 8 * i) * ldc + 8 * j + 2 * t) = make_float2(c[j][2 * i], c[j][2 * i + 1]);
+  }
+  // f(row, column, value) for the lane's elements of the tile.
+  template <typename F>
+  __device__ void for_each(const F& f) const {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f(g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1), c[j][e]);
+  }
+  __device__ void scale(float f) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[j][e] *= f;
+  }
+};
+
+// Per-warp 16x16 tile of the tile kernels: wmma for fp16/bf16, 3xTF32 for fp32, FMAs for fp64.
+template <typename T>
+using Tile = std::conditional_t<kTensorCores<T>, WmmaTile<T>,
+                                std::conditional_t<std::is_same_v<T, float>, Tf32Tile, SimtTile<T>>>;
 
 template <typename T>
 struct Args {
@@ -370,6 +438,22 @@ struct OutTiles {
       t[i].template mma<PT, false>(PT ? P + rt * 16 : P + rt * 16 * kLDP, kLDP, Y + ct * 16, kLDT<DP>, kBM);
     }
   }
+  // += X · Y with X (kBM x K, pitch ldx) of the accumulator's type (fp32 tiles only, see kHistTiles), Y (K x DP)
+  // row-major.
+  __device__ void add_product(const T* X, int ldx, const T* Y, int K) {
+    const int warp = threadIdx.x / 32;
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int tile = warp + i * kWarps;
+      if (tile >= kTiles) break;
+      const int rt = tile / kColTiles, ct = tile % kColTiles;
+      t[i].template mma<false, false>(X + rt * 16 * ldx, ldx, Y + ct * 16, kLDT<DP>, K);
+    }
+  }
+  __device__ void scale(T f) {
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) t[i].scale(f);
+  }
   __device__ void store(acc_t<T>* O) const {
     const int warp = threadIdx.x / 32;
 #pragma unroll
@@ -476,12 +560,31 @@ __device__ __forceinline__ A pair_logit(const Args<T>& a, A qk, const A* qt, con
   return a.scale * qside + kside;
 }
 
+// fp32: the histogram terms (H·T for the outputs, Hᵀ·X for the table gradients) as 3xTF32 tile products. The
+// histograms are fp32 while fp16/bf16 tiles are 16-bit, so those keep the loops of write_rows / table_grad, and
+// so does fp64 (which no user runs for speed).
+template <typename T> constexpr bool kHistTiles = std::is_same_v<T, float>;
+
 // Table gradient of one tile: slot[n][h][c] += f · Σ_r hist[r][n] · X[r][c] into this CTA's own slot of
 // dst (slots, L, 3, H, d), which no other CTA touches (summed over slots on the host).
 template <int DP, typename T>
 __device__ void table_grad(acc_t<T>* dst, const acc_t<T>* hist, const T* X, const Args<T>& a, int h, acc_t<T> f) {
   using A = acc_t<T>;
   dst += (int64_t)blockIdx.x * a.L3 * a.H * a.d;
+  if constexpr (kHistTiles<T>) {  // 16 table rows x 16 columns per warp tile, A = histᵀ (kBM x L3p, pitch L3p)
+    constexpr int kColTiles = DP / 16;
+    for (int tile = threadIdx.x / 32; tile < a.L3p / 16 * kColTiles; tile += kWarps) {
+      const int n0 = tile / kColTiles * 16, c0 = tile % kColTiles * 16;
+      Tile<T> c;
+      c.zero();
+      c.template mma<true, false>(hist + n0, a.L3p, X + c0, kLDT<DP>, kBM);
+      c.for_each([&](int i, int j, A g) {
+        const int n = n0 + i, col = c0 + j;
+        if (n < a.L3 && col < a.d && g != A(0)) dst[((int64_t)n * a.H + h) * a.d + col] += f * g;
+      });
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < a.L3 * a.d; idx += kThreads) {
     const int n = idx / a.d, c = idx % a.d;
     A g = 0;

@@ -124,30 +124,35 @@ __global__ void window_index_kernel(GridSource src, int64_t unit, int64_t entrie
 
 constexpr int kRowThreads = 1024;  // rope_index: one CTA per row
 constexpr int kRowWarps = kRowThreads / 32;
-constexpr int64_t kNone = INT64_MAX;
+constexpr int kNone = INT_MAX;  // "no such token" in the suffix minima (row positions are < S < 2^31)
+
+__device__ __forceinline__ int shfl_up(int v, int off) { return __shfl_up_sync(0xffffffffu, v, off); }
+__device__ __forceinline__ int2 shfl_up(int2 v, int off) {
+  return make_int2(__shfl_up_sync(0xffffffffu, v.x, off), __shfl_up_sync(0xffffffffu, v.y, off));
+}
 
 struct SumOp {
-  __device__ int64_t operator()(int64_t a, int64_t b) const { return a + b; }
+  __device__ int operator()(int a, int b) const { return a + b; }
 };
-struct MinOp {
-  __device__ int64_t operator()(int64_t a, int64_t b) const { return a < b ? a : b; }
+struct MinPairOp {  // the next image (x) and video (y) token: two minima in one scan
+  __device__ int2 operator()(int2 a, int2 b) const { return make_int2(min(a.x, b.x), min(a.y, b.y)); }
 };
 
 // Block-wide inclusive scan (in thread order) of one value per thread: warp shuffles, then a scan of the warp
-// totals by warp 0; two barriers. `total` = the block's reduction. `warp_totals` holds kRowWarps words.
-template <class Op>
-__device__ int64_t block_inclusive_scan(int64_t v, Op op, int64_t* warp_totals, int64_t& total) {
+// totals by warp 0; two barriers. `total` = the block's reduction. `warp_totals` holds kRowWarps values.
+template <class V, class Op>
+__device__ V block_inclusive_scan(V v, Op op, V* warp_totals, V& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int off = 1; off < 32; off *= 2) {
-    const int64_t y = __shfl_up_sync(0xffffffffu, v, off);
+    const V y = shfl_up(v, off);
     if (lane >= off) v = op(v, y);
   }
   if (lane == 31) warp_totals[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    int64_t w = warp_totals[lane < kRowWarps ? lane : kRowWarps - 1];
+    V w = warp_totals[lane < kRowWarps ? lane : kRowWarps - 1];
     for (int off = 1; off < kRowWarps; off *= 2) {
-      const int64_t y = __shfl_up_sync(0xffffffffu, w, off);
+      const V y = shfl_up(w, off);
       if (lane >= off) w = op(w, y);
     }
     if (lane < kRowWarps) warp_totals[lane] = w;
@@ -167,34 +172,36 @@ constexpr unsigned long long kReady = 1ull << 63;
 // counted and published in status[b]; the global grid counters at its start are the sums of the counts of
 // rows < b. A suffix-min scan gives every position its next image and video token, so thread 0's walk over
 // the row's blocks does O(1) work per block; then all threads fill the positions. The row's arrays (x, valid,
-// next image, next video: S words each, then S / 2 + 1 blocks) live in dynamic shared memory when
-// `row_in_shared` (the walk and the fills then read on-chip memory, not L2), else in the global scratch
-// (x, valid [B, S], next [2, B, S], blocks). status and ticket start zeroed.
+// next image, next video: S words each, then S / 2 + 1 blocks, then the row's grids and seconds: S / 2 + 1
+// slots of four words) live in dynamic shared memory when `row_in_shared` (the walk and the fills then read
+// on-chip memory only, not L2), else in the global scratch (x, valid [B, S], next [2, B, S], blocks; the walk
+// then reads the grids where they are). status and ticket start zeroed.
 __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
     const int64_t* ids, const int64_t* mask, int64_t B, int64_t S, RopeIndexConfig cfg, int64_t* x, int64_t* valid,
     int64_t* next, unsigned long long* status, unsigned int* ticket, VisionBlock* blocks, int64_t* pos,
     int64_t* delta, bool row_in_shared) {
   extern __shared__ int64_t row_shared[];
-  __shared__ int64_t warp_totals[kRowWarps];
+  __shared__ int count_totals[kRowWarps];
+  __shared__ int2 next_totals[kRowWarps];
   __shared__ unsigned long long counts[2], before[2];
   __shared__ int64_t row_index, nb, tail_st, tail_nxt;
   __shared__ long long row_max;
   if (threadIdx.x == 0) row_index = atomicAdd(ticket, 1u);
   if (threadIdx.x < 2) counts[threadIdx.x] = before[threadIdx.x] = 0;
   __syncthreads();
-  const int64_t b = row_index;
+  const int64_t b = row_index, block_slots = S / 2 + 1;
   int64_t* const row = row_in_shared ? row_shared : x + b * S;
   int64_t* const slots = row_in_shared ? row_shared + S : valid + b * S;
   int64_t* const next_img = row_in_shared ? row_shared + 2 * S : next + b * S;
   int64_t* const next_vid = row_in_shared ? row_shared + 3 * S : next + (B + b) * S;
   VisionBlock* const row_blocks =
-      row_in_shared ? reinterpret_cast<VisionBlock*>(row_shared + 4 * S) : blocks + b * (S / 2 + 1);
-  int64_t L = 0;
+      row_in_shared ? reinterpret_cast<VisionBlock*>(row_shared + 4 * S) : blocks + b * block_slots;
+  int L = 0;
   for (int64_t start = 0; start < S; start += blockDim.x) {
     const int64_t i = start + threadIdx.x;
     const int flag = i < S && (!mask || mask[b * S + i] == 1);
-    int64_t chunk;
-    const int64_t at = L + block_inclusive_scan(flag, SumOp(), warp_totals, chunk) - flag;
+    int chunk;
+    const int at = L + block_inclusive_scan(flag, SumOp(), count_totals, chunk) - flag;
     if (flag) {
       row[at] = ids[b * S + i];
       slots[at] = i;
@@ -203,24 +210,22 @@ __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
   }
   __syncthreads();
   // Suffix minima from the row's end, one chunk at a time: thread t takes position end - 1 - t, so the scan
-  // in thread order runs backwards over positions.
-  int64_t carry_img = kNone, carry_vid = kNone;
-  for (int64_t end = L; end > 0; end -= blockDim.x) {
-    const int64_t i = end - 1 - threadIdx.x;
+  // in thread order runs backwards over positions; images and videos in one scan.
+  int2 carry = make_int2(kNone, kNone);
+  for (int end = L; end > 0; end -= blockDim.x) {
+    const int i = end - 1 - static_cast<int>(threadIdx.x);
     const int64_t id = i >= 0 ? row[i] : 0;
-    int64_t total_img, total_vid;
-    const int64_t img = block_inclusive_scan(i >= 0 && id == cfg.image_token ? i : kNone, MinOp(), warp_totals,
-                                             total_img);
-    const int64_t vid = block_inclusive_scan(i >= 0 && id == cfg.video_token ? i : kNone, MinOp(), warp_totals,
-                                             total_vid);
+    const int2 mine =
+        make_int2(i >= 0 && id == cfg.image_token ? i : kNone, i >= 0 && id == cfg.video_token ? i : kNone);
+    int2 total;
+    const int2 found = block_inclusive_scan(mine, MinPairOp(), next_totals, total);
     if (i >= 0) {
-      next_img[i] = min(img, carry_img);
-      next_vid[i] = min(vid, carry_vid);
+      next_img[i] = min(found.x, carry.x);
+      next_vid[i] = min(found.y, carry.y);
       if (starts_block(row, L, i, cfg.vision_start_token, cfg.image_token)) atomicAdd(&counts[0], 1ull);
       if (starts_block(row, L, i, cfg.vision_start_token, cfg.video_token)) atomicAdd(&counts[1], 1ull);
     }
-    carry_img = min(carry_img, total_img);
-    carry_vid = min(carry_vid, total_vid);
+    carry = MinPairOp()(carry, total);
   }
   __syncthreads();
   if (threadIdx.x == 0) atomicExch(&status[b], kReady | (counts[1] << 32) | counts[0]);
@@ -238,20 +243,46 @@ __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
   for (int64_t i = threadIdx.x; i < S; i += blockDim.x)
     for (int c = 0; c < 3; ++c) pos[(c * B + b) * S + i] = 1;
   __syncthreads();  // next_* (written by other threads) and before[] are complete
+  // The walk takes images before[0] .. before[0] + counts[0] - 1 (videos likewise): with the row in shared
+  // memory, their grids and seconds are copied next to it in parallel first, and the walk and the fill index
+  // those copies from 0, so that thread 0's walk waits on no global load.
+  RopeIndexConfig local = cfg;
+  int64_t gi = static_cast<int64_t>(before[0]), gv = static_cast<int64_t>(before[1]);
+  if (row_in_shared) {
+    const int64_t ni = max(int64_t(0), min(cfg.n_image - gi, static_cast<int64_t>(counts[0])));
+    const int64_t nv = max(int64_t(0), min(cfg.n_video - gv, static_cast<int64_t>(counts[1])));
+    int64_t* const grids = reinterpret_cast<int64_t*>(row_blocks + block_slots);
+    for (int64_t j = threadIdx.x; j < 3 * (ni + nv); j += blockDim.x)
+      grids[j] = j < 3 * ni ? cfg.image_grid[3 * gi + j] : cfg.video_grid[3 * gv + j - 3 * ni];
+    void* const seconds = grids + 3 * (ni + nv);
+    for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) {
+      if (cfg.sec64) static_cast<double*>(seconds)[j] = cfg.sec64[gv + j];
+      else if (cfg.sec32) static_cast<float*>(seconds)[j] = cfg.sec32[gv + j];
+    }
+    local.image_grid = grids;
+    local.n_image = ni;
+    local.video_grid = grids + 3 * ni;
+    local.n_video = nv;
+    if (cfg.sec64) local.sec64 = static_cast<const double*>(seconds);
+    if (cfg.sec32) local.sec32 = static_cast<const float*>(seconds);
+    gi = gv = 0;
+    __syncthreads();
+  }
   if (threadIdx.x == 0) {
     const auto next_token = [&](int64_t from, bool video) {
-      return from < L ? (video ? next_vid : next_img)[from] : kNone;
+      if (from >= L) return INT64_MAX;
+      const int64_t n = (video ? next_vid : next_img)[from];
+      return n == kNone ? INT64_MAX : n;
     };
-    nb = rope_index_walk(next_token, static_cast<int64_t>(counts[0]), static_cast<int64_t>(counts[1]),
-                         static_cast<int64_t>(before[0]), static_cast<int64_t>(before[1]), cfg, row_blocks, tail_st,
-                         tail_nxt);
+    nb = rope_index_walk(next_token, static_cast<int64_t>(counts[0]), static_cast<int64_t>(counts[1]), gi, gv,
+                         local, row_blocks, tail_st, tail_nxt);
     row_max = L ? LLONG_MIN : 1;
   }
   __syncthreads();
   long long local_max = LLONG_MIN;
   for (int64_t i = threadIdx.x; i < L; i += blockDim.x) {
     int64_t p3[3];
-    rope_index_position(cfg, row_blocks, nb, tail_st, tail_nxt, i, p3);
+    rope_index_position(local, row_blocks, nb, tail_st, tail_nxt, i, p3);
     for (int c = 0; c < 3; ++c) {
       pos[(c * B + b) * S + slots[i]] = p3[c];
       local_max = p3[c] > local_max ? p3[c] : local_max;
@@ -364,8 +395,11 @@ std::tuple<at::Tensor, at::Tensor> rope_index_cuda(const at::Tensor& input_ids, 
   SPTR_CHECK_VALUE(B < (int64_t(1) << 31), "input_ids has too many rows for the CUDA kernel: ", B);
   auto status = at::zeros({B + 1}, opts);  // B published counts and the row ticket: one fill
   auto* st = reinterpret_cast<unsigned long long*>(status.mutable_data_ptr<int64_t>());
+  SPTR_CHECK_VALUE(S < INT_MAX, "input_ids has too many columns for the CUDA kernel: ", S);
+  // Per row: x, valid, next image, next video (S words each), the blocks, the row's grids and seconds.
   const int64_t block_slots = S / 2 + 1;
-  const int64_t row_bytes = 4 * S * static_cast<int64_t>(sizeof(int64_t)) + block_slots * sizeof(VisionBlock);
+  const int64_t row_bytes = (4 * S + 4 * block_slots) * static_cast<int64_t>(sizeof(int64_t)) +
+                            block_slots * static_cast<int64_t>(sizeof(VisionBlock));
   const bool row_in_shared = row_bytes <= rope_index_shared_limit();
   // Global scratch only for rows too long for shared memory.
   at::Tensor x, valid, next, blocks;

@@ -1,5 +1,5 @@
-// Register-level tensor-core primitives (sm_80+) shared by the kernel families: mma.sync m16n8k16 with fp32
-// accumulation, ldmatrix, cp.async, and fp32 -> 16-bit packing.
+// Register-level tensor-core primitives (sm_80+) shared by the kernel families: mma.sync m16n8k16 (and m16n8k8
+// TF32) with fp32 accumulation, ldmatrix, cp.async, and fp32 -> 16-bit packing.
 //
 // Fragment layout of m16n8k16 (g = lane / 4, t = lane % 4):
 //   A 16x16 (row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 8+2t..), a3 = (g+8, 8+2t..)
@@ -61,6 +61,15 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+// c += a · b on TF32 operands (m16n8k8), fp32 accumulation.
+__device__ __forceinline__ void mma_1688_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Two floats rounded to T, x in the low half.
