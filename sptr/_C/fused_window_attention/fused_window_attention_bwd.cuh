@@ -132,14 +132,14 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dq_kernel(const Arg
       if (REL && a.tq) quad_ordered_add(s.Hq + r * a.L3p, rows, ds, valid);
       if (REL && a.tv) quad_ordered_add(s.Hv + r * a.L3p, rows, p, valid);
       __syncthreads();
-      acc.template mma<false>(s.dS, s.K);
+      acc.template mma<false>(s.dS, kLDP, s.K, kBM);
     }
     __syncthreads();
     if (a.tq) stage_table<DP>(s.Ts, a.tq, a, h);
     if constexpr (kHistTiles<T>) {
       if (REL && a.tq) {
         __syncthreads();
-        acc.add_product(s.Hq, a.L3p, s.Ts, a.L3p);
+        acc.template mma<false>(s.Hq, a.L3p, s.Ts, a.L3p);
       }
     }
     acc.store(s.O);
@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dkv_kernel(const Ar
       }
       if (REL && a.tk) quad_ordered_add(s.Hk + kc * a.L3p, rows, ds, valid);
       __syncthreads();
-      dk.template mma<true>(s.dS, s.Q);
-      dv.template mma<true>(s.P, s.dO);
+      dk.template mma<true>(s.dS, kLDP, s.Q, kBM);
+      dv.template mma<true>(s.P, kLDP, s.dO, kBM);
     }
     __syncthreads();
     if (a.tk) stage_table<DP>(s.Tq, a.tk, a, h);
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dkv_kernel(const Ar
       dk.scale(a.scale);
       if (REL && a.tk) {
         __syncthreads();
-        dk.add_product(s.Hk, a.L3p, s.Tq, a.L3p);
+        dk.template mma<false>(s.Hk, a.L3p, s.Tq, a.L3p);
       }
     }
     dk.store(s.Ok);

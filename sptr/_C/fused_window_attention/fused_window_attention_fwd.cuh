@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T
         if (pass == 1) {
           if (REL && a.tv) quad_ordered_add(s.Hv + r * a.L3p, rows, p, valid);
           __syncthreads();
-          acc.template mma<false>(s.P, s.V);
+          acc.template mma<false>(s.P, kLDP, s.V, kBM);
         }
       }
       if (pass == 0) {
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T
     if constexpr (kHistTiles<T>) {
       if (REL && a.tv) {
         __syncthreads();
-        acc.add_product(s.Hv, a.L3p, s.Ts, a.L3p);
+        acc.template mma<false>(s.Hv, a.L3p, s.Ts, a.L3p);
       }
     }
     acc.store(s.O);

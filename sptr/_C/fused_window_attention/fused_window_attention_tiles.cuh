@@ -426,28 +426,17 @@ struct OutTiles {
 #pragma unroll
     for (int i = 0; i < kPerWarp; ++i) t[i].zero();
   }
-  // += P · Y with P (kBM x kBM) row-major, or transposed (column-major) if PT; Y (kBM x DP) row-major.
-  template <bool PT>
-  __device__ void mma(const T* P, const T* Y) {
+  // += X · Y with X (kBM x K, pitch ldx) row-major, or stored transposed (column-major) if XT; Y (K x DP)
+  // row-major. X is P or dS (kBM x kBM) or, for fp32 (kHistTiles), a histogram (kBM x L3p).
+  template <bool XT>
+  __device__ void mma(const T* X, int ldx, const T* Y, int K) {
     const int warp = threadIdx.x / 32;
 #pragma unroll
     for (int i = 0; i < kPerWarp; ++i) {
       const int tile = warp + i * kWarps;
       if (tile >= kTiles) break;
       const int rt = tile / kColTiles, ct = tile % kColTiles;
-      t[i].template mma<PT, false>(PT ? P + rt * 16 : P + rt * 16 * kLDP, kLDP, Y + ct * 16, kLDT<DP>, kBM);
-    }
-  }
-  // += X · Y with X (kBM x K, pitch ldx) of the accumulator's type (fp32 tiles only, see kHistTiles), Y (K x DP)
-  // row-major.
-  __device__ void add_product(const T* X, int ldx, const T* Y, int K) {
-    const int warp = threadIdx.x / 32;
-#pragma unroll
-    for (int i = 0; i < kPerWarp; ++i) {
-      const int tile = warp + i * kWarps;
-      if (tile >= kTiles) break;
-      const int rt = tile / kColTiles, ct = tile % kColTiles;
-      t[i].template mma<false, false>(X + rt * 16 * ldx, ldx, Y + ct * 16, kLDT<DP>, K);
+      t[i].template mma<XT, false>(XT ? X + rt * 16 : X + rt * 16 * ldx, ldx, Y + ct * 16, kLDT<DP>, K);
     }
   }
   __device__ void scale(T f) {
