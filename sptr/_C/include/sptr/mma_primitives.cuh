@@ -5,6 +5,8 @@
 //   A 16x16 (row-major): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 8+2t..), a3 = (g+8, 8+2t..)
 //   B 16x8  (k x n):     b0 = (k 2t..2t+1, n g), b1 = (k 8+2t.., n g)
 //   C 16x8:              c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..2t+1)
+// and of m16n8k8 on TF32 (one 32-bit value per register; C as above):
+//   A 16x8: a0 = (g, t), a1 = (g+8, t), a2 = (g, t+4), a3 = (g+8, t+4);  B 8x8: b0 = (k t, n g), b1 = (k t+4, n g)
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
