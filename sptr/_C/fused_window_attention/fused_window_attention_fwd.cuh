@@ -268,13 +268,7 @@ __device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<
           quad_hist_add(hv_row[0], hv_row[1], rows, s);
         }
       }
-#pragma unroll
-      for (int kk = 0; kk < NT / 2; ++kk) {
-        if (!live[kk]) continue;
-        uint32_t pa[4];
-        c_to_a<T>(pa, s, kk);
-        mma_ab<DP, LD>(o, pa, V, kk);
-      }
+      p_times_v<DP, LD>(o, s, live, V, [](const uint32_t (&)[4], int) {});
     }
   });
   float inv[2];
@@ -462,14 +456,9 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
         for (int x = 0; x < 3 * kOneHot / 8; ++x)
 #pragma unroll
           for (int e = 0; e < 4; ++e) gv[x][e] *= alpha[e >> 1];
-#pragma unroll
-      for (int kk = 0; kk < NT / 2; ++kk) {
-        if (!live[kk]) continue;
-        uint32_t pa[4];
-        c_to_a<T>(pa, s, kk);
-        mma_ab<DP, LD>(o, pa, V, kk);
+      p_times_v<DP, LD>(o, s, live, V, [&](const uint32_t (&pa)[4], int kk) {
         if (a.tv) onehot_hist_add(gv, pa, sm.E, kk);  // G_a += P·E_a
-      }
+      });
     }
   });
   float inv[2];

@@ -67,6 +67,21 @@ __device__ __forceinline__ void mma_ab(float (&acc)[DP / 8][4], const uint32_t (
   }
 }
 
+// o += P·V over a key block's 16-key groups that touch the warp's windows (live), P's A operands made from the
+// logits' C tiles s; each group's operand also goes to also(pa, kk) (the one-hot kernels' histograms).
+template <int DP, int LD, typename T, int NT, typename Also>
+__device__ __forceinline__ void p_times_v(float (&o)[DP / 8][4], const float (&s)[NT][4], const bool (&live)[NT / 2],
+                                          const T* V, const Also& also) {
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+    if (!live[kk]) continue;
+    uint32_t pa[4];
+    c_to_a<T>(pa, s, kk);
+    mma_ab<DP, LD>(o, pa, V, kk);
+    also(pa, kk);
+  }
+}
+
 // 16-byte chunk idx of rows [row0, ...) of head h of x (N, H, DP) into dst[row][LD] by cp.async; rows at or
 // past nvalid are zero.
 template <int DP, int LD, typename T>
