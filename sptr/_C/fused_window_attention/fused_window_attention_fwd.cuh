@@ -20,14 +20,44 @@ struct FwdSmem {
   using A = acc_t<T>;
   TokenInfo qi, ki;
   T *Q, *K, *V, *P, *Ts;
-  A *S, *O, *Qt, *Kt, *Hv, *lse;
+  A *S, *O, *Qt, *Kt, *Hv, *lse, *row_scale;
   __host__ __device__ FwdSmem(Bump& b, const Args<T>& a)
       : qi(b, a), ki(b, a), Q(b.take<T>(kBM * kLDT<DP>)), K(b.take<T>(kBM * kLDT<DP>)), V(b.take<T>(kBM * kLDT<DP>)),
         P(b.take<T>(kBM * kLDP)), Ts(b.take_if<T>(a.has_rel(), a.L3p * kLDT<DP>)), S(b.take<A>(kBM * kLDS)),
         O(b.take<A>(kBM * kLDO<DP>)), Qt(b.take_if<A>(a.tq != nullptr, kBM * a.L3p)),
         Kt(b.take_if<A>(a.tk != nullptr, kBM * a.L3p)), Hv(b.take_if<A>(a.tv != nullptr, kBM * a.L3p)),
-        lse(b.take<A>(kBM)) {}
+        lse(b.take<A>(kBM)), row_scale(b.take<A>(kBM)) {}
 };
+
+// One-pass softmax step of fwd_kernel for fp32 (whose output tiles can scale their rows): row r's running max m
+// (the same in the quad's four lanes, which hold the row's 32 columns of the block) moves to the block's max, the
+// lanes' logits p (bits of `valid`) become exp(p − m), and their partial sums l and the row's value-table
+// histogram (if rescale_hist) are scaled by alpha = exp(m_old − m_new), which goes to *alpha_row for the output
+// tiles. Two passes (first the log-sum-exp, then exactly normalised P) cost every logit twice.
+template <typename T, typename A>
+__device__ __forceinline__ void online_block(A (&p)[8], unsigned valid, A& m, A& l, bool rescale_hist, A* hist_row,
+                                             int L3p, A* alpha_row) {
+  A mx = m;
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    if (valid >> e & 1u) mx = max(mx, p[e]);
+  mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const A alpha = mx == -std::numeric_limits<A>::infinity() ? A(1) : exp_acc<T>(m - mx);
+  A sum = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    p[e] = (valid >> e & 1u) ? exp_acc<T>(p[e] - mx) : A(0);
+    sum += p[e];
+  }
+  l = l * alpha + sum;
+  m = mx;
+  const int t = threadIdx.x & 3;
+  if (t == 0) *alpha_row = alpha;
+  if (rescale_hist && alpha != A(1))
+    for (int n = t; n < L3p; n += 4) hist_row[n] *= alpha;
+  __syncwarp();  // the quad's adds to the histogram row come next
+}
 
 template <int DP, typename T, bool REL>
 __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T> a) {
@@ -55,13 +85,17 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T
     A m = -std::numeric_limits<A>::infinity(), l = 0, lse_r = 0;
     OutTiles<DP, T> acc;
     acc.zero();
-    for (int pass = 0; pass < 2; ++pass) {
+    // fp32: one pass with an online softmax (the output tiles and the histogram rescaled per block); fp16/bf16
+    // tiles (opaque wmma fragments) and fp64 keep two passes.
+    constexpr bool kOnePass = kHistTiles<T>;
+    constexpr int kLastPass = kOnePass ? 0 : 1;
+    for (int pass = 0; pass <= kLastPass; ++pass) {
       for (int c0 = kbeg; c0 < kend; c0 += kBM) {
         const int ncols = min(kBM, kend - c0);
         __syncthreads();
         if (REL) load_token_info(s.ki, a, c0, ncols, false);
         load_rows<DP>(s.K, a.k, a, c0, ncols, h);
-        if (pass == 1) load_rows<DP>(s.V, a.v, a, c0, ncols, h);
+        if (pass == kLastPass) load_rows<DP>(s.V, a.v, a, c0, ncols, h);
         __syncthreads();
         if (a.tk) gemm_nt<DP>(s.Kt, a.L3p, s.K, s.Ts, a.L3p / 16);
         gemm_nt<DP>(s.S, kLDS, s.Q, s.K, kBM / 16);
@@ -78,7 +112,9 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T
             if (REL) rows[e] = pair_rows(a.rel, s.qi, s.ki, r, col);
             const A sv = pair_logit<REL>(a, s.S[r * kLDS + col], products_row(s.Qt, r, a.L3p, s.S),
                                          products_row(s.Kt, col, a.L3p, s.S), rows[e]);
-            if (pass == 0) {
+            if (kOnePass) {
+              p[e] = sv;  // made a probability by online_block
+            } else if (pass == 0) {
               if (sv > m) {
                 l = l * exp_acc<T>(m - sv) + A(1);
                 m = sv;
@@ -89,15 +125,28 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T
               p[e] = exp_acc<T>(sv - lse_r);
             }
           }
-          if (pass == 1) s.P[r * kLDP + col] = narrow<T>(p[e]);
         }
-        if (pass == 1) {
+        if constexpr (kOnePass)
+          online_block<T>(p, valid, m, l, REL && a.tv, s.Hv + r * a.L3p, a.L3p, s.row_scale + r);
+        if (pass == kLastPass) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s.P[r * kLDP + cb + e] = narrow<T>(p[e]);
           if (REL && a.tv) quad_ordered_add(s.Hv + r * a.L3p, rows, p, valid);
           __syncthreads();
+          if constexpr (kOnePass) acc.scale_rows(s.row_scale);
           acc.template mma<false>(s.P, kLDP, s.V, kBM);
         }
       }
-      if (pass == 0) {
+      if (kOnePass) {  // the quad's partial sums share the row's max
+        __syncthreads();  // every warp has scaled its tiles by the last block's row_scale
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        lse_r = l > A(0) ? m + log(l) : A(0);
+        if ((tid & 3) == 0) {
+          s.lse[r] = lse_r;
+          s.row_scale[r] = l > A(0) ? A(1) / l : A(0);
+        }
+      } else if (pass == 0) {
 #pragma unroll
         for (int off = 1; off < 4; off <<= 1) {
           const A m2 = __shfl_xor_sync(0xffffffffu, m, off), l2 = __shfl_xor_sync(0xffffffffu, l, off);
@@ -111,11 +160,12 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T
     }
     __syncthreads();
     if (a.tv) stage_table<DP>(s.Ts, a.tv, a, h);
-    if constexpr (kHistTiles<T>) {
+    if constexpr (kHistTiles<T>) {  // out = (P·V + Hv·Tv) / l, both unnormalised
       if (REL && a.tv) {
         __syncthreads();
         acc.template mma<false>(s.Hv, a.L3p, s.Ts, a.L3p);
       }
+      acc.scale_rows(s.row_scale);
     }
     acc.store(s.O);
     __syncthreads();

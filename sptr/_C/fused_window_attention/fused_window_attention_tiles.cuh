@@ -154,6 +154,15 @@ struct Tf32Tile {
 #pragma unroll
       for (int e = 0; e < 4; ++e) c[j][e] *= f;
   }
+  // Row i of the tile times f[i].
+  __device__ void scale_rows(const float* f) {
+    const int g = (threadIdx.x & 31) >> 2;
+    const float f0 = f[g], f1 = f[g + 8];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[j][e] *= e < 2 ? f0 : f1;
+  }
 };
 
 // Per-warp 16x16 tile of the tile kernels: wmma for fp16/bf16, 3xTF32 for fp32, FMAs for fp64.
@@ -442,6 +451,16 @@ struct OutTiles {
   __device__ void scale(T f) {
 #pragma unroll
     for (int i = 0; i < kPerWarp; ++i) t[i].scale(f);
+  }
+  // Row r of the accumulator times f[r] (kBM factors in shared memory).
+  __device__ void scale_rows(const T* f) {
+    const int warp = threadIdx.x / 32;
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int tile = warp + i * kWarps;
+      if (tile >= kTiles) break;
+      t[i].scale_rows(f + tile / kColTiles * 16);
+    }
   }
   __device__ void store(acc_t<T>* O) const {
     const int warp = threadIdx.x / 32;
