@@ -52,7 +52,7 @@ __device__ __forceinline__ PairGrad<T> pair_grad(const Args<T>& a, A qk, A dpv, 
 }
 
 template <int DP, typename T, bool REL>
-__global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dq_kernel(const Args<T> a) {
+__global__ void __launch_bounds__(kThreads, REL ? 2 : 6) bwd_dq_kernel(const Args<T> a) {
   using A = acc_t<T>;
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
@@ -83,16 +83,16 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dq_kernel(const Arg
     __syncthreads();
     const int kbeg = s.qi.lo[0], kend = s.qi.hi[nrows - 1], lo_r = s.qi.lo[r], hi_r = s.qi.hi[r];
     const A lse_r = s.lse[r], delta_r = s.delta[r];
-    if (a.tq) {
+    if (REL && a.tq) {
       stage_table<DP>(s.Ts, a.tq, a, h);
       __syncthreads();
-      gemm_nt<DP>(s.Qt, a.L3p, s.Q, s.Ts, a.L3p / 16);
+      tile_table_products<DP>(s.Qt, s.Q, s.Ts, a);
       __syncthreads();
     }
-    if (a.tv) {
+    if (REL && a.tv) {
       stage_table<DP>(s.Ts, a.tv, a, h);
       __syncthreads();
-      gemm_nt<DP>(s.Gt, a.L3p, s.dO, s.Ts, a.L3p / 16);
+      tile_table_products<DP>(s.Gt, s.dO, s.Ts, a);
       __syncthreads();
     }
     if (a.tk) stage_table<DP>(s.Ts, a.tk, a, h);
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dq_kernel(const Arg
       load_rows<DP>(s.K, a.k, a, c0, ncols, h);
       load_rows<DP>(s.V, a.v, a, c0, ncols, h);
       __syncthreads();
-      if (a.tk) gemm_nt<DP>(s.Kt, a.L3p, s.K, s.Ts, a.L3p / 16);
+      if (REL && a.tk) tile_table_products<DP>(s.Kt, s.K, s.Ts, a);
       gemm_nt<DP>(s.S, kLDS, s.Q, s.K, kBM / 16);
       gemm_nt<DP>(s.dP, kLDS, s.dO, s.V, kBM / 16);
       __syncthreads();
@@ -174,7 +174,7 @@ struct DkvSmem {
 };
 
 template <int DP, typename T, bool REL>
-__global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dkv_kernel(const Args<T> a) {
+__global__ void __launch_bounds__(kThreads, REL ? 2 : 6) bwd_dkv_kernel(const Args<T> a) {
   using A = acc_t<T>;
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
@@ -192,8 +192,8 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dkv_kernel(const Ar
     if (a.tk) stage_table<DP>(s.Tq, a.tk, a, h);
     __syncthreads();
     const int qbeg = s.ki.lo[0], qend = s.ki.hi[nkeys - 1];
-    if (a.tk) {
-      gemm_nt<DP>(s.Kt, a.L3p, s.K, s.Tq, a.L3p / 16);
+    if (REL && a.tk) {
+      tile_table_products<DP>(s.Kt, s.K, s.Tq, a);
       zero_smem(s.Hk, kBM * a.L3p);
       __syncthreads();
     }
@@ -213,8 +213,8 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) bwd_dkv_kernel(const Ar
         s.delta[t] = t < nq ? a.delta[(int64_t)(q0 + t) * a.H + h] : A(0);
       }
       __syncthreads();
-      if (a.tq) gemm_nt<DP>(s.Qt, a.L3p, s.Q, s.Tq, a.L3p / 16);
-      if (a.tv) gemm_nt<DP>(s.Gt, a.L3p, s.dO, s.Tv, a.L3p / 16);
+      if (REL && a.tq) tile_table_products<DP>(s.Qt, s.Q, s.Tq, a);
+      if (REL && a.tv) tile_table_products<DP>(s.Gt, s.dO, s.Tv, a);
       gemm_nt<DP>(s.S, kLDS, s.Q, s.K, kBM / 16);
       gemm_nt<DP>(s.dP, kLDS, s.dO, s.V, kBM / 16);
       __syncthreads();

@@ -60,7 +60,7 @@ __device__ __forceinline__ void online_block(A (&p)[8], unsigned valid, A& m, A&
 }
 
 template <int DP, typename T, bool REL>
-__global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T> a) {
+__global__ void __launch_bounds__(kThreads, REL ? 2 : 6) fwd_kernel(const Args<T> a) {
   using A = acc_t<T>;
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
@@ -74,10 +74,10 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T
     load_rows<DP>(s.Q, a.q, a, r0, nrows, h);
     __syncthreads();
     const int kbeg = s.qi.lo[0], kend = s.qi.hi[nrows - 1], lo_r = s.qi.lo[r], hi_r = s.qi.hi[r];
-    if (a.tq) {
+    if (REL && a.tq) {
       stage_table<DP>(s.Ts, a.tq, a, h);
       __syncthreads();
-      gemm_nt<DP>(s.Qt, a.L3p, s.Q, s.Ts, a.L3p / 16);
+      tile_table_products<DP>(s.Qt, s.Q, s.Ts, a);
       __syncthreads();
     }
     if (a.tk) stage_table<DP>(s.Ts, a.tk, a, h);
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, REL ? 3 : 6) fwd_kernel(const Args<T
         load_rows<DP>(s.K, a.k, a, c0, ncols, h);
         if (pass == kLastPass) load_rows<DP>(s.V, a.v, a, c0, ncols, h);
         __syncthreads();
-        if (a.tk) gemm_nt<DP>(s.Kt, a.L3p, s.K, s.Ts, a.L3p / 16);
+        if (REL && a.tk) tile_table_products<DP>(s.Kt, s.K, s.Ts, a);
         gemm_nt<DP>(s.S, kLDS, s.Q, s.K, kBM / 16);
         __syncthreads();
         uint32_t rows[8] = {};

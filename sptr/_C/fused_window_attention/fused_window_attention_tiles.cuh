@@ -109,8 +109,44 @@ struct Tf32Tile {
     hi = round_tf32(__float_as_uint(x));
     lo = round_tf32(__float_as_uint(x - __uint_as_float(hi)));
   }
+  // Where A and Bᵀ are both row-major in k (AT false, BT true: gemm_nt), a lane's two k of an mma operand (its
+  // slots t and t + 4) are taken as k0 + 2t and k0 + 2t + 1, adjacent in memory: one 64-bit load instead of two
+  // 32-bit ones, and no bank conflicts at the feature tiles' pitch (DP + 8). The same permutation of k on both
+  // operands leaves the product unchanged up to the order of the tensor core's sum.
+  // A's fragments (hi and lo) of the k-step at k0.
+  __device__ static void load_a_rows(const float* A, int lda, int k0, uint32_t (&a)[4], uint32_t (&a_lo)[4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float2 x0 = *reinterpret_cast<const float2*>(A + g * lda + k0 + 2 * t);
+    const float2 x1 = *reinterpret_cast<const float2*>(A + (g + 8) * lda + k0 + 2 * t);
+    split(x0.x, a[0], a_lo[0]);
+    split(x1.x, a[1], a_lo[1]);
+    split(x0.y, a[2], a_lo[2]);
+    split(x1.y, a[3], a_lo[3]);
+  }
+  // C += A · Bᵀ over the k-step at k0, A's fragments given, B (16 x K) row-major in k.
+  __device__ void mma_rows_step(const uint32_t (&a)[4], const uint32_t (&a_lo)[4], const float* B, int ldb, int k0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float2 y = *reinterpret_cast<const float2*>(B + (8 * j + g) * ldb + k0 + 2 * t);
+      uint32_t b0, b0_lo, b1, b1_lo;
+      split(y.x, b0, b0_lo);
+      split(y.y, b1, b1_lo);
+      mma::mma_1688_tf32(c[j], a_lo, b0, b1);
+      mma::mma_1688_tf32(c[j], a, b0_lo, b1_lo);
+      mma::mma_1688_tf32(c[j], a, b0, b1);
+    }
+  }
   template <bool AT, bool BT>
   __device__ void mma(const float* A, int lda, const float* B, int ldb, int K) {
+    if constexpr (!AT && BT) {
+      for (int k0 = 0; k0 < K; k0 += 8) {
+        uint32_t a[4], a_lo[4];
+        load_a_rows(A, lda, k0, a, a_lo);
+        mma_rows_step(a, a_lo, B, ldb, k0);
+      }
+      return;
+    }
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const auto a_at = [&](int r, int k) { return AT ? A[k * lda + r] : A[r * lda + k]; };
     const auto b_at = [&](int k, int n) { return BT ? B[n * ldb + k] : B[k * ldb + n]; };
@@ -412,17 +448,40 @@ __device__ __forceinline__ int next_tile(const Args<T>& a, int current, int* sha
   return *shared_slot;
 }
 
-// dst[kBM][col_tiles·16] = X[kBM][DP] · Y[col_tiles·16][DP]ᵀ, spread over the warps.
-template <int DP, typename T>
+// dst[kBM][col_tiles·16] = X[kBM][DP] · Y[col_tiles·16][DP]ᵀ, spread over the warps: a warp keeps one row tile
+// of X and takes every kWarpsPerRowTile-th column tile. With kKeepRows (the table products: many column tiles
+// per row tile), fp32 up to DP 32 splits the warp's X rows into TF32 fragments once and keeps them in registers
+// (DP of them) for all its column tiles.
+template <int DP, bool kKeepRows = false, typename T>
 __device__ void gemm_nt(acc_t<T>* dst, int ldd, const T* X, const T* Y, int col_tiles) {
-  const int warp = threadIdx.x / 32;
-  for (int t = warp; t < (kBM / 16) * col_tiles; t += kWarps) {
-    const int rt = t / col_tiles, ct = t % col_tiles;
-    Tile<T> c;
-    c.zero();
-    c.template mma<false, true>(X + rt * 16 * kLDT<DP>, kLDT<DP>, Y + ct * 16 * kLDT<DP>, kLDT<DP>, DP);
-    c.store(dst + rt * 16 * ldd + ct * 16, ldd);
+  constexpr int kWarpsPerRowTile = kWarps / (kBM / 16);
+  static_assert(kWarps % (kBM / 16) == 0, "gemm_nt: the warps must divide evenly over the row tiles");
+  const int warp = threadIdx.x / 32, rt = warp / kWarpsPerRowTile;
+  const T* Xr = X + rt * 16 * kLDT<DP>;
+  if constexpr (kKeepRows && std::is_same_v<T, float> && DP <= 32) {
+    uint32_t a[DP / 8][4], a_lo[DP / 8][4];
+#pragma unroll
+    for (int ks = 0; ks < DP / 8; ++ks) Tf32Tile::load_a_rows(Xr, kLDT<DP>, 8 * ks, a[ks], a_lo[ks]);
+    for (int ct = warp % kWarpsPerRowTile; ct < col_tiles; ct += kWarpsPerRowTile) {
+      Tf32Tile c;
+#pragma unroll
+      for (int ks = 0; ks < DP / 8; ++ks) c.mma_rows_step(a[ks], a_lo[ks], Y + ct * 16 * kLDT<DP>, kLDT<DP>, 8 * ks);
+      c.store(dst + rt * 16 * ldd + ct * 16, ldd);
+    }
+  } else {
+    for (int ct = warp % kWarpsPerRowTile; ct < col_tiles; ct += kWarpsPerRowTile) {
+      Tile<T> c;
+      c.zero();
+      c.template mma<false, true>(Xr, kLDT<DP>, Y + ct * 16 * kLDT<DP>, kLDT<DP>, DP);
+      c.store(dst + rt * 16 * ldd + ct * 16, ldd);
+    }
   }
+}
+
+// The per-token table products dst[kBM][L3p] = X · Tsᵀ of a staged table Ts (L3p x DP).
+template <int DP, typename T>
+__device__ void tile_table_products(acc_t<T>* dst, const T* X, const T* Ts, const Args<T>& a) {
+  gemm_nt<DP, true>(dst, a.L3p, X, Ts, a.L3p / 16);
 }
 
 // A warp's share of a kBM x DP accumulator kept in registers across key blocks.
