@@ -95,6 +95,16 @@ def test_long_rows_match_hf(device, length):
 
 
 @pytest.mark.parametrize("device", device_params())
+def test_more_rows_than_sms_match_hf(device):
+    """More rows than a GPU has SMs: the CUDA kernel then takes rows by ticket and looks back over zeroed flags
+    instead of a cooperative launch with a grid barrier (up to one row per SM, which the other tests cover)."""
+    rng = random.Random(300)
+    rows = [random_sample(rng, rng.randint(1, 2), rng.randint(0, 1)) for _ in range(300)]
+    ids, img, vid, sec, mask = batch(rows, "right", rng)
+    assert_same(ours(ids, img, vid, sec, mask, device), hf.rope_index(ids, img, vid, sec, mask))
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_video_without_seconds_and_fp32_time_rule(device):
     ids = torch.tensor([[VS] + [VID] * 44 + [TEXT]])
     vid = torch.tensor([[11, 2, 8]])
