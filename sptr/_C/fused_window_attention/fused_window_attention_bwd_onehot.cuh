@@ -167,19 +167,14 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
           dp[nt][e] = ds;
         }
       }
-#pragma unroll
-      for (int kk = 0; kk < NT / 2; ++kk) {
-        if (!live[kk]) continue;
-        uint32_t da[4];
-        c_to_a<T>(da, dp, kk);
-        mma_ab<DP, LD>(dq, da, K, kk);
+      c_tiles_times<DP, LD>(dq, dp, live, K, [&](const uint32_t (&da)[4], int kk) {
         if (a.tq) onehot_hist_add(hq, da, sm.E, kk);
         if (a.tv) {
           uint32_t pa[4];
           c_to_a<T>(pa, s, kk);
           onehot_hist_add(hv, pa, sm.E, kk);
         }
-      }
+      });
     });
     // dq = scale·(dS·K + Σ_n Hq[n]·Tq[n]); dTq = scale·Hqᵀ·Q and dTv = Hvᵀ·dO into this CTA's slots.
     __syncthreads();  // every warp has left the loop: Q̃ and G̃ become the histogram and the own tiles

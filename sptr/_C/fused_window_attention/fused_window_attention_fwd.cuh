@@ -318,7 +318,7 @@ __device__ __forceinline__ void fwd_mma_item(const Args<T>& a, const MmaFwdSmem<
           quad_hist_add(hv_row[0], hv_row[1], rows, s);
         }
       }
-      p_times_v<DP, LD>(o, s, live, V, [](const uint32_t (&)[4], int) {});
+      c_tiles_times<DP, LD>(o, s, live, V, [](const uint32_t (&)[4], int) {});
     }
   });
   float inv[2];
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
         for (int x = 0; x < 3 * kOneHot / 8; ++x)
 #pragma unroll
           for (int e = 0; e < 4; ++e) gv[x][e] *= alpha[e >> 1];
-      p_times_v<DP, LD>(o, s, live, V, [&](const uint32_t (&pa)[4], int kk) {
+      c_tiles_times<DP, LD>(o, s, live, V, [&](const uint32_t (&pa)[4], int kk) {
         if (a.tv) onehot_hist_add(gv, pa, sm.E, kk);  // G_a += P·E_a
       });
     }

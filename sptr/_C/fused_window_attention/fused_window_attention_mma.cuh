@@ -67,18 +67,19 @@ __device__ __forceinline__ void mma_ab(float (&acc)[DP / 8][4], const uint32_t (
   }
 }
 
-// o += P·V over a key block's 16-key groups that touch the warp's windows (live), P's A operands made from the
-// logits' C tiles s; each group's operand also goes to also(pa, kk) (the one-hot kernels' histograms).
+// o += C·B over a block's 16-row groups that touch the warp's windows (live), C's A operands made from the C
+// tiles c (P for P·V, dS for dS·K); each group's operand also goes to also(ca, kk) (the one-hot kernels'
+// histograms).
 template <int DP, int LD, typename T, int NT, typename Also>
-__device__ __forceinline__ void p_times_v(float (&o)[DP / 8][4], const float (&s)[NT][4], const bool (&live)[NT / 2],
-                                          const T* V, const Also& also) {
+__device__ __forceinline__ void c_tiles_times(float (&o)[DP / 8][4], const float (&c)[NT][4], const bool (&live)[NT / 2],
+                                              const T* B, const Also& also) {
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
     if (!live[kk]) continue;
-    uint32_t pa[4];
-    c_to_a<T>(pa, s, kk);
-    mma_ab<DP, LD>(o, pa, V, kk);
-    also(pa, kk);
+    uint32_t ca[4];
+    c_to_a<T>(ca, c, kk);
+    mma_ab<DP, LD>(o, ca, B, kk);
+    also(ca, kk);
   }
 }
 
