@@ -56,6 +56,14 @@ fi
 [ -n "${SKIP_MEMCHECK:-}" ] || PYTHONPATH=$ORACLE:. timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool memcheck --error-exitcode 1 \
   python3 -m pytest ${SANITIZER_TARGETS:-tests/ops} -q -p no:cacheprovider -x \
   -k "${SANITIZER_K:-cuda and not big_windows and not random_batches}" 2>&1 | tee "$OUT/memcheck.log" | tail -4
+# Shared-memory races and barrier misuse (compute-sanitizer's racecheck and synccheck; slow: name a few small
+# cases) when RACE_K is set, e.g. "cuda and sphereformer_table and float32" for the fp32 backward's two groups and
+# their named barriers; one log per tool.
+for tool in ${RACE_K:+racecheck synccheck}; do
+  PYTHONPATH=$ORACLE:. timeout ${RACE_TIMEOUT:-200} compute-sanitizer --tool $tool --error-exitcode 1 python3 -m pytest \
+    ${RACE_TARGETS:-tests/ops/test_fused_window_attention.py} -q -p no:cacheprovider -x -k "$RACE_K" 2>&1 \
+    | tee "$OUT/$tool.log" | tail -4
+done
 # BENCHMARKS unset: the three below; set and empty: none.
 for b in ${BENCHMARKS-bench_fused_attention bench_window_attention bench_rope}; do
   PYTHONPATH=$ORACLE:/tmp/sptr111pkg:. timeout ${BENCH_TIMEOUT:-240} python3 "benchmarks/$b.py" ${BENCH_ARGS:-} \
