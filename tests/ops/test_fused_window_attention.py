@@ -121,8 +121,9 @@ def test_plain_low_precision_head_dims(device, dtype, d):
 @pytest.mark.parametrize("radial", [False, True])
 @pytest.mark.parametrize("d", [16, 32])
 def test_sphereformer_table_length(device, dtype, radial, d):
-    """SphereFormer's tables (qgl 24: L = 47 cubic, 48 with the radial bins), head dims 16 and 32 (the shared
-    memory of the fp32 backward's two groups is tightest at 32), all three tables, windows up to 200 tokens."""
+    """SphereFormer's tables (qgl 24: L = 47 cubic, 48 with the radial bins), head dims 16 and 32 (the 2x16 and
+    4x32 benchmark shapes; at 32 the CUDA kernels' shared memory is tightest), all three tables, windows up to
+    200 tokens."""
     counts = [200, 1, 64, 7, 130, 33]
     q, k, v, offsets, rel_pos = make_case(counts, 2, d, dtype, device, ("query", "key", "value"), radial, seed=13,
                                           qgl=24)
