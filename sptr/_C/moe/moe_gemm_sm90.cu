@@ -3,9 +3,7 @@
 #include <ATen/cuda/CUDAContext.h>
 
 #include <sptr/checks.h>
-
-#include <cstdlib>
-#include <string_view>
+#include <sptr/env.h>
 
 #include "moe_gemm_sm90.h"
 #include "moe_groups.cuh"
@@ -15,8 +13,7 @@ namespace sptr::sm90 {
 bool available(const at::Tensor& t) {
 #ifdef SPTR_WITH_SM90A
   // SPTR_GROUPED_GEMM=mma keeps the mma.sync kernel on Hopper too: the benchmarks' A/B of the two kernels.
-  const char* pick = std::getenv("SPTR_GROUPED_GEMM");
-  if (pick != nullptr && std::string_view(pick) == "mma") return false;
+  if (env_is("SPTR_GROUPED_GEMM", "mma")) return false;
   return t.is_cuda() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16) &&
          at::cuda::getDeviceProperties(t.get_device())->major == 9;
 #else
