@@ -127,7 +127,7 @@ def implementations(lay, sptr111, h, d):
     def fused_unchecked(rp, q, k, v, t):
         with data_checks(False):
             return fused(rp, q, k, v, t)
-    shifted = lay["coords"] + 32  # every relative position kept, cells past the one-hot kernel's [0, 32)
+    shifted = lay["coords"] + 32  # every relative position kept, cells past the one-hot kernel's [0, 24)
 
     def fused_gather(rp, q, k, v, t):
         if not rp:

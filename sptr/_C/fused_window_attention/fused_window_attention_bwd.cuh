@@ -9,6 +9,10 @@
 #pragma once
 #include <sptr/dispatch.h>
 
+
+#include <optional>
+#include <type_traits>
+
 #include "fused_window_attention_bwd_onehot.cuh"
 #include "fused_window_attention_cuda.h"
 
@@ -16,20 +20,101 @@ namespace sptr {
 namespace {
 
 // ------------------------------------------------------------------------------- backward, query side
+// The tile backward kernels run one team of kThreads threads per CTA (G = 1) or two (G = 2: fp32 with tables,
+// whose shared memory allows one CTA per multiprocessor, so that one team is one warp per scheduler and the
+// pair loops wait on latency). With two, group g walks the blocks g, g + 2, ... of the tile's span with buffers
+// of its own; the groups' partial results (accumulator tiles, histograms) are summed in group order at the end,
+// still a fixed order, so the results stay bitwise reproducible.
+
+// G copies of a group's buffers (Group: made from a Bump), `stride` bytes apart.
+template <typename Group, int G>
+struct GroupBuffers {
+  size_t first = 0, stride = 0;
+  template <typename T>
+  __host__ __device__ GroupBuffers(Bump& b, const Args<T>& a) {
+    first = align128(b.off);
+    Bump probe = b;
+    const Group g(probe, a);
+    (void)g;
+    stride = align128(probe.off) - first;
+    b.take<char>(G * stride);
+  }
+  // Group g's buffers in the shared memory at `base`.
+  template <typename T>
+  __device__ Group at(char* base, int g, const Args<T>& a) const {
+    Bump b(base);
+    b.off = first + g * stride;
+    return Group(b, a);
+  }
+  // Group g's copy of `own`, a buffer of group `own_group`.
+  template <typename U>
+  __device__ U* of_group(U* own, int own_group, int g) const {
+    return reinterpret_cast<U*>(reinterpret_cast<char*>(own) + (ptrdiff_t)(g - own_group) * (ptrdiff_t)stride);
+  }
+};
+
+// hist[i] += hist[i + k·part] for k = 1 .. G − 1, in that order: the groups' histograms summed into group 0's.
+template <int G, int kTeam, typename A>
+__device__ void sum_group_hists(Team<kTeam> team, A* hist, size_t part, int n) {
+  for (int i = team.tid(); i < n; i += kTeam) {
+    A v = hist[i];
+#pragma unroll
+    for (int g = 1; g < G; ++g) v += hist[g * part + i];
+    hist[i] = v;
+  }
+}
+
+// Where the pair loops' outputs (dS, P) have the score tiles' type (fp32, fp64), each is written over the score
+// tile it is computed from (S or dP, pitch kLDS), by the one thread that reads that element: less shared memory,
+// which lets two fp32 groups fit at head dim 32.
+template <typename T> constexpr bool kPairsInPlace = std::is_same_v<T, acc_t<T>>;
+template <typename T> constexpr int kLDPair = kPairsInPlace<T> ? kLDS : kLDP;
+
+// The pair-loop output tile over `score` (kPairsInPlace), else a buffer of its own.
+template <typename T>
+__host__ __device__ T* pair_tile(Bump& b, acc_t<T>* score) {
+  if constexpr (kPairsInPlace<T>) return score;
+  else return b.take<T>(kBM * kLDP);
+}
+
+// The buffer over [start, ...) of n elements, taking from b what the buffers since `start` leave short.
+template <typename U>
+__host__ __device__ U* overlay(Bump& b, U* start, size_t n) {
+  reserve_from(b, reinterpret_cast<const char*>(start), n * sizeof(U));
+  return start;
+}
+
+// A dq group's key block and what it accumulates. (Fixed sizes first: group 0's are at fixed offsets.)
 template <int DP, typename T>
+struct DqGroupSmem {
+  using A = acc_t<T>;
+  T *K, *V;
+  A *S, *dP;
+  T* dS;  // over dP if kPairsInPlace
+  A* O;   // over S and dP (the loop's last use of them is over)
+  TokenInfo ki;
+  A *Kt, *Hq, *Hv;
+  __host__ __device__ DqGroupSmem(Bump& b, const Args<T>& a)
+      : K(b.take<T>(kBM * kLDT<DP>)), V(b.take<T>(kBM * kLDT<DP>)), S(b.take<A>(kBM * kLDS)),
+        dP(b.take<A>(kBM * kLDS)), dS(pair_tile<T>(b, dP)), O(overlay(b, S, kBM * kLDO<DP>)), ki(b, a),
+        Kt(b.take_if<A>(a.tk != nullptr, kBM * a.L3p)), Hq(b.take_if<A>(a.tq != nullptr, kBM * a.L3p)),
+        Hv(b.take_if<A>(a.tv != nullptr, kBM * a.L3p)) {}
+};
+
+template <int DP, typename T, int G>
 struct DqSmem {
   using A = acc_t<T>;
-  TokenInfo qi, ki;
-  T *Q, *dO, *K, *V, *dS, *Ts;
-  A *S, *dP, *O, *Qt, *Gt, *Kt, *Hq, *Hv, *lse, *delta;
+  GroupBuffers<DqGroupSmem<DP, T>, G> groups;
+  T *Q, *dO;
+  A *lse, *delta;
+  int* tile_slot;  // next_tile's (dynamic, not static shared memory: fit_smem sizes the dynamic part alone)
+  TokenInfo qi;
+  T* Ts;
+  A *Qt, *Gt;
   __host__ __device__ DqSmem(Bump& b, const Args<T>& a)
-      : qi(b, a), ki(b, a), Q(b.take<T>(kBM * kLDT<DP>)), dO(b.take<T>(kBM * kLDT<DP>)),
-        K(b.take<T>(kBM * kLDT<DP>)), V(b.take<T>(kBM * kLDT<DP>)), dS(b.take<T>(kBM * kLDP)),
-        Ts(b.take_if<T>(a.has_rel(), a.L3p * kLDT<DP>)), S(b.take<A>(kBM * kLDS)), dP(b.take<A>(kBM * kLDS)),
-        O(b.take<A>(kBM * kLDO<DP>)), Qt(b.take_if<A>(a.tq != nullptr, kBM * a.L3p)),
-        Gt(b.take_if<A>(a.tv != nullptr, kBM * a.L3p)), Kt(b.take_if<A>(a.tk != nullptr, kBM * a.L3p)),
-        Hq(b.take_if<A>(a.tq != nullptr, kBM * a.L3p)), Hv(b.take_if<A>(a.tv != nullptr, kBM * a.L3p)),
-        lse(b.take<A>(kBM)), delta(b.take<A>(kBM)) {}
+      : groups(b, a), Q(b.take<T>(kBM * kLDT<DP>)), dO(b.take<T>(kBM * kLDT<DP>)), lse(b.take<A>(kBM)),
+        delta(b.take<A>(kBM)), tile_slot(b.take<int>(1)), qi(b, a), Ts(b.take_if<T>(a.has_rel(), a.L3p * kLDT<DP>)),
+        Qt(b.take_if<A>(a.tq != nullptr, kBM * a.L3p)), Gt(b.take_if<A>(a.tv != nullptr, kBM * a.L3p)) {}
 };
 
 // Recomputed probability and logit gradient of pair (r, col): P from the saved lse, dS = P·(dP − delta).
@@ -51,66 +136,77 @@ __device__ __forceinline__ PairGrad<T> pair_grad(const Args<T>& a, A qk, A dpv, 
   return {p, p * (dp - delta)};
 }
 
-template <int DP, typename T, bool REL>
-__global__ void __launch_bounds__(kThreads, REL ? 2 : 6) bwd_dq_kernel(const Args<T> a) {
+// The team of a tile backward kernel's thread: its group of kThreads (barrier 1 + group when G > 1).
+template <int G>
+__device__ __forceinline__ Team<kThreads> group_team(int group) {
+  return {static_cast<int>(threadIdx.x) - group * kThreads, G > 1 ? 1 + group : 0};
+}
+
+template <int DP, typename T, bool REL, int G>
+__global__ void __launch_bounds__(G * kThreads, G > 1 ? 1 : (REL ? 2 : 6)) bwd_dq_kernel(const Args<T> a) {
   using A = acc_t<T>;
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
-  const DqSmem<DP, T> s(bump, a);
-  __shared__ int tile_slot;
-  const int h = blockIdx.y, tid = threadIdx.x, r = tid >> 2, cb = (tid & 3) * 8;
+  const DqSmem<DP, T, G> s(bump, a);
+  const Team<G * kThreads> cta = whole_cta<G * kThreads>();
+  const int group = G > 1 ? static_cast<int>(threadIdx.x) / kThreads : 0;
+  const Team<kThreads> team = group_team<G>(group);
+  const DqGroupSmem<DP, T> gs = s.groups.at(smem, group, a);
+  const size_t part = s.groups.stride / sizeof(A);  // elements from a group's buffer to the next group's
+  const int h = blockIdx.y, tid = team.tid(), r = tid >> 2, cb = (tid & 3) * 8;
   const int ntiles = (a.N + kBM - 1) / kBM;
-  for (int tile = next_tile(a, -1, &tile_slot); tile < ntiles; tile = next_tile(a, tile, &tile_slot)) {
+  for (int tile = next_tile(a, -1, s.tile_slot); tile < ntiles; tile = next_tile(a, tile, s.tile_slot)) {
     const int r0 = tile * kBM, nrows = min(kBM, a.N - r0);
     __syncthreads();
-    load_token_info(s.qi, a, r0, nrows, true);
-    load_rows<DP>(s.Q, a.q, a, r0, nrows, h);
-    load_rows<DP>(s.dO, a.dout, a, r0, nrows, h);
-    {  // delta_i = dO_i · O_i, kept for the key-side kernel too
-      A part = 0;
+    load_token_info(cta, s.qi, a, r0, nrows, true);
+    load_rows<DP>(cta, s.Q, a.q, a, r0, nrows, h);
+    load_rows<DP>(cta, s.dO, a.dout, a, r0, nrows, h);
+    if (group == 0) {  // delta_i = dO_i · O_i, kept for the key-side kernel too
+      A part_sum = 0;
       if (r < nrows) {
         const int64_t base = ((int64_t)(r0 + r) * a.H + h) * a.d;
-        for (int c = tid & 3; c < a.d; c += 4) part += widen(a.dout[base + c]) * widen(a.out[base + c]);
+        for (int c = tid & 3; c < a.d; c += 4) part_sum += widen(a.dout[base + c]) * widen(a.out[base + c]);
       }
-      part += __shfl_xor_sync(0xffffffffu, part, 1);
-      part += __shfl_xor_sync(0xffffffffu, part, 2);
+      part_sum += __shfl_xor_sync(0xffffffffu, part_sum, 1);
+      part_sum += __shfl_xor_sync(0xffffffffu, part_sum, 2);
       if ((tid & 3) == 0) {
-        s.delta[r] = part;
+        s.delta[r] = part_sum;
         s.lse[r] = r < nrows ? a.lse_in[(int64_t)(r0 + r) * a.H + h] : A(0);
-        if (r < nrows) a.delta[(int64_t)(r0 + r) * a.H + h] = part;
+        if (r < nrows) a.delta[(int64_t)(r0 + r) * a.H + h] = part_sum;
       }
     }
     __syncthreads();
     const int kbeg = s.qi.lo[0], kend = s.qi.hi[nrows - 1], lo_r = s.qi.lo[r], hi_r = s.qi.hi[r];
     const A lse_r = s.lse[r], delta_r = s.delta[r];
     if (REL && a.tq) {
-      stage_table<DP>(s.Ts, a.tq, a, h);
+      stage_table<DP>(cta, s.Ts, a.tq, a, h);
       __syncthreads();
-      tile_table_products<DP>(s.Qt, s.Q, s.Ts, a);
+      tile_table_products<DP>(cta, s.Qt, s.Q, s.Ts, a);
       __syncthreads();
     }
     if (REL && a.tv) {
-      stage_table<DP>(s.Ts, a.tv, a, h);
+      stage_table<DP>(cta, s.Ts, a.tv, a, h);
       __syncthreads();
-      tile_table_products<DP>(s.Gt, s.dO, s.Ts, a);
+      tile_table_products<DP>(cta, s.Gt, s.dO, s.Ts, a);
       __syncthreads();
     }
-    if (a.tk) stage_table<DP>(s.Ts, a.tk, a, h);
-    if (a.tq) zero_smem(s.Hq, kBM * a.L3p);
-    if (a.tv) zero_smem(s.Hv, kBM * a.L3p);
+    if (a.tk) stage_table<DP>(cta, s.Ts, a.tk, a, h);
+    if (a.tq) zero_smem(team, gs.Hq, kBM * a.L3p);
+    if (a.tv) zero_smem(team, gs.Hv, kBM * a.L3p);
     OutTiles<DP, T> acc;
     acc.zero();
-    for (int c0 = kbeg; c0 < kend; c0 += kBM) {
+    if (G > 1) __syncthreads();  // the staged table is every group's (with one, the loop's barrier does it)
+    for (int c0 = kbeg + group * kBM; c0 < kend; c0 += G * kBM) {
       const int ncols = min(kBM, kend - c0);
-      __syncthreads();
-      if (REL) load_token_info(s.ki, a, c0, ncols, false);
-      load_rows<DP>(s.K, a.k, a, c0, ncols, h);
-      load_rows<DP>(s.V, a.v, a, c0, ncols, h);
-      __syncthreads();
-      if (REL && a.tk) tile_table_products<DP>(s.Kt, s.K, s.Ts, a);
-      gemm_nt<DP>(s.S, kLDS, s.Q, s.K, kBM / 16);
-      gemm_nt<DP>(s.dP, kLDS, s.dO, s.V, kBM / 16);
-      __syncthreads();
+      team.sync();
+      if (REL) load_token_info(team, gs.ki, a, c0, ncols, false);
+      load_rows<DP>(team, gs.K, a.k, a, c0, ncols, h);
+      load_rows<DP>(team, gs.V, a.v, a, c0, ncols, h);
+      team.sync();
+      if (REL && a.tk) tile_table_products<DP>(team, gs.Kt, gs.K, s.Ts, a);
+      gemm_nt<DP>(team, gs.S, kLDS, s.Q, gs.K, kBM / 16);
+      gemm_nt<DP>(team, gs.dP, kLDS, s.dO, gs.V, kBM / 16);
+      team.sync();
       uint32_t rows[8] = {};
       A p[8], ds[8];
       unsigned valid = 0;
@@ -120,52 +216,61 @@ __global__ void __launch_bounds__(kThreads, REL ? 2 : 6) bwd_dq_kernel(const Arg
         p[e] = ds[e] = 0;
         if (j >= lo_r && j < hi_r) {
           valid |= 1u << e;
-          if (REL) rows[e] = pair_rows(a.rel, s.qi, s.ki, r, col);
-          const PairGrad<T> g = pair_grad<REL>(a, s.S[r * kLDS + col], s.dP[r * kLDS + col], lse_r, delta_r,
-                                          products_row(s.Qt, r, a.L3p, s.S), products_row(s.Kt, col, a.L3p, s.S),
-                                          products_row(s.Gt, r, a.L3p, s.S), rows[e]);
+          if (REL) rows[e] = pair_rows(a.rel, s.qi, gs.ki, r, col);
+          const PairGrad<T> g = pair_grad<REL>(a, gs.S[r * kLDS + col], gs.dP[r * kLDS + col], lse_r, delta_r,
+                                          products_row(s.Qt, r, a.L3p, gs.S), products_row(gs.Kt, col, a.L3p, gs.S),
+                                          products_row(s.Gt, r, a.L3p, gs.S), rows[e]);
           p[e] = g.p;
           ds[e] = g.ds;
         }
-        s.dS[r * kLDP + col] = narrow<T>(ds[e]);
+        gs.dS[r * kLDPair<T> + col] = narrow<T>(ds[e]);
       }
-      if (REL && a.tq) quad_ordered_add(s.Hq + r * a.L3p, rows, ds, valid);
-      if (REL && a.tv) quad_ordered_add(s.Hv + r * a.L3p, rows, p, valid);
-      __syncthreads();
-      acc.template mma<false>(s.dS, kLDP, s.K, kBM);
+      if (REL && a.tq) quad_ordered_add(gs.Hq + r * a.L3p, rows, ds, valid);
+      if (REL && a.tv) quad_ordered_add(gs.Hv + r * a.L3p, rows, p, valid);
+      team.sync();
+      acc.template mma<false>(team, gs.dS, kLDPair<T>, gs.K, kBM);
     }
     __syncthreads();
-    if (a.tq) stage_table<DP>(s.Ts, a.tq, a, h);
+    A* const hq = s.groups.of_group(gs.Hq, group, 0);  // group 0's histograms: the sums, after this
+    A* const hv = s.groups.of_group(gs.Hv, group, 0);
+    if constexpr (G > 1) {
+      if (REL && a.tq) sum_group_hists<G>(cta, hq, part, kBM * a.L3p);
+      if (REL && a.tv) sum_group_hists<G>(cta, hv, part, kBM * a.L3p);
+      __syncthreads();
+    }
+    if (a.tq) stage_table<DP>(cta, s.Ts, a.tq, a, h);
     if constexpr (kHistTiles<T>) {
       if (REL && a.tq) {
         __syncthreads();
-        acc.template mma<false>(s.Hq, a.L3p, s.Ts, a.L3p);
+        if (group == 0) acc.template mma<false>(team, hq, a.L3p, s.Ts, a.L3p);
       }
     }
-    acc.store(s.O);
+    acc.store(team, gs.O);
     __syncthreads();
-    write_rows<DP>(a.dq, s.O, !kHistTiles<T> && REL && a.tq, s.Hq, s.Ts, a, r0, nrows, h, a.scale);
-    if (a.tq) table_grad<DP>(a.dtq, s.Hq, s.Q, a, h, a.scale);
-    if (a.tv) table_grad<DP>(a.dtv, s.Hv, s.dO, a, h, A(1));
+    write_rows<DP, G>(cta, a.dq, s.groups.of_group(gs.O, group, 0), !kHistTiles<T> && REL && a.tq, hq, s.Ts, a,
+                      r0, nrows, h, a.scale, part);
+    if (a.tq) table_grad<DP>(cta, a.dtq, hq, s.Q, a, h, a.scale);
+    if (a.tv) table_grad<DP>(cta, a.dtv, hv, s.dO, a, h, A(1));
   }
 }
 
 // --------------------------------------------------------------------------------- backward, key side
+// A dk/dv group's query block and what it accumulates. (Fixed sizes first: group 0's are at fixed offsets.)
 template <int DP, typename T>
-struct DkvSmem {
+struct DkvGroupSmem {
   using A = acc_t<T>;
-  TokenInfo qi, ki;
-  T *K, *V, *Q, *dO, *P, *dS, *Tq, *Tv;
-  A *S, *dP, *Kt, *Hk, *scratch, *lse, *delta;
+  T *Q, *dO;
+  A *S, *dP;
+  T *P, *dS;  // over S and dP if kPairsInPlace
+  A *lse, *delta;
+  TokenInfo qi;
+  A *Hk, *scratch;
   A *Qt, *Gt, *Ok, *Ov;  // inside scratch: Qt, Gt while walking query blocks, Ok, Ov at the end
-  __host__ __device__ DkvSmem(Bump& b, const Args<T>& a)
-      : qi(b, a), ki(b, a), K(b.take<T>(kBM * kLDT<DP>)), V(b.take<T>(kBM * kLDT<DP>)),
-        Q(b.take<T>(kBM * kLDT<DP>)), dO(b.take<T>(kBM * kLDT<DP>)), P(b.take<T>(kBM * kLDP)),
-        dS(b.take<T>(kBM * kLDP)), Tq(b.take_if<T>(a.tq != nullptr || a.tk != nullptr, a.L3p * kLDT<DP>)),
-        Tv(b.take_if<T>(a.tv != nullptr, a.L3p * kLDT<DP>)), S(b.take<A>(kBM * kLDS)), dP(b.take<A>(kBM * kLDS)),
-        Kt(b.take_if<A>(a.tk != nullptr, kBM * a.L3p)), Hk(b.take_if<A>(a.tk != nullptr, kBM * a.L3p)),
-        scratch(b.take<A>(imax(2 * kBM * kLDO<DP>, ((a.tq ? 1 : 0) + (a.tv ? 1 : 0)) * kBM * a.L3p))),
-        lse(b.take<A>(kBM)), delta(b.take<A>(kBM)) {
+  __host__ __device__ DkvGroupSmem(Bump& b, const Args<T>& a)
+      : Q(b.take<T>(kBM * kLDT<DP>)), dO(b.take<T>(kBM * kLDT<DP>)), S(b.take<A>(kBM * kLDS)),
+        dP(b.take<A>(kBM * kLDS)), P(pair_tile<T>(b, S)), dS(pair_tile<T>(b, dP)), lse(b.take<A>(kBM)),
+        delta(b.take<A>(kBM)), qi(b, a), Hk(b.take_if<A>(a.tk != nullptr, kBM * a.L3p)),
+        scratch(b.take<A>(imax(2 * kBM * kLDO<DP>, ((a.tq ? 1 : 0) + (a.tv ? 1 : 0)) * kBM * a.L3p))) {
     Qt = a.tq ? scratch : nullptr;
     Gt = a.tv ? scratch + (a.tq ? kBM * a.L3p : 0) : nullptr;
     Ok = scratch;
@@ -173,51 +278,72 @@ struct DkvSmem {
   }
 };
 
-template <int DP, typename T, bool REL>
-__global__ void __launch_bounds__(kThreads, REL ? 2 : 6) bwd_dkv_kernel(const Args<T> a) {
+template <int DP, typename T, int G>
+struct DkvSmem {
+  using A = acc_t<T>;
+  GroupBuffers<DkvGroupSmem<DP, T>, G> groups;
+  T *K, *V;
+  int* tile_slot;  // next_tile's
+  TokenInfo ki;
+  T *Tq, *Tv;
+  A* Kt;
+  __host__ __device__ DkvSmem(Bump& b, const Args<T>& a)
+      : groups(b, a), K(b.take<T>(kBM * kLDT<DP>)), V(b.take<T>(kBM * kLDT<DP>)), tile_slot(b.take<int>(1)),
+        ki(b, a),
+        Tq(b.take_if<T>(a.tq != nullptr || a.tk != nullptr, a.L3p * kLDT<DP>)),
+        Tv(b.take_if<T>(a.tv != nullptr, a.L3p * kLDT<DP>)), Kt(b.take_if<A>(a.tk != nullptr, kBM * a.L3p)) {}
+};
+
+template <int DP, typename T, bool REL, int G>
+__global__ void __launch_bounds__(G * kThreads, G > 1 ? 1 : (REL ? 2 : 6)) bwd_dkv_kernel(const Args<T> a) {
   using A = acc_t<T>;
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
-  const DkvSmem<DP, T> s(bump, a);
-  __shared__ int tile_slot;
+  const DkvSmem<DP, T, G> s(bump, a);
+  const Team<G * kThreads> cta = whole_cta<G * kThreads>();
+  const int group = G > 1 ? static_cast<int>(threadIdx.x) / kThreads : 0;
+  const Team<kThreads> team = group_team<G>(group);
+  const DkvGroupSmem<DP, T> gs = s.groups.at(smem, group, a);
+  const size_t part = s.groups.stride / sizeof(A);
   // Pairs of a thread: one key (its histogram row), eight queries.
-  const int h = blockIdx.y, tid = threadIdx.x, kc = tid >> 2, rb = (tid & 3) * 8;
+  const int h = blockIdx.y, tid = team.tid(), kc = tid >> 2, rb = (tid & 3) * 8;
   const int ntiles = (a.N + kBM - 1) / kBM;
-  for (int tile = next_tile(a, -1, &tile_slot); tile < ntiles; tile = next_tile(a, tile, &tile_slot)) {
+  for (int tile = next_tile(a, -1, s.tile_slot); tile < ntiles; tile = next_tile(a, tile, s.tile_slot)) {
     const int c0 = tile * kBM, nkeys = min(kBM, a.N - c0);
     __syncthreads();
-    load_token_info(s.ki, a, c0, nkeys, true);
-    load_rows<DP>(s.K, a.k, a, c0, nkeys, h);
-    load_rows<DP>(s.V, a.v, a, c0, nkeys, h);
-    if (a.tk) stage_table<DP>(s.Tq, a.tk, a, h);
+    load_token_info(cta, s.ki, a, c0, nkeys, true);
+    load_rows<DP>(cta, s.K, a.k, a, c0, nkeys, h);
+    load_rows<DP>(cta, s.V, a.v, a, c0, nkeys, h);
+    if (a.tk) stage_table<DP>(cta, s.Tq, a.tk, a, h);
     __syncthreads();
     const int qbeg = s.ki.lo[0], qend = s.ki.hi[nkeys - 1];
     if (REL && a.tk) {
-      tile_table_products<DP>(s.Kt, s.K, s.Tq, a);
-      zero_smem(s.Hk, kBM * a.L3p);
+      tile_table_products<DP>(cta, s.Kt, s.K, s.Tq, a);
+      zero_smem(team, gs.Hk, kBM * a.L3p);
       __syncthreads();
     }
-    if (a.tq) stage_table<DP>(s.Tq, a.tq, a, h);
-    if (a.tv) stage_table<DP>(s.Tv, a.tv, a, h);
+    if (a.tq) stage_table<DP>(cta, s.Tq, a.tq, a, h);
+    if (a.tv) stage_table<DP>(cta, s.Tv, a.tv, a, h);
     OutTiles<DP, T> dk, dv;
     dk.zero();
     dv.zero();
-    for (int q0 = qbeg; q0 < qend; q0 += kBM) {
+    if (G > 1) __syncthreads();  // the staged tables are every group's (with one, the loop's barrier does it)
+    for (int q0 = qbeg + group * kBM; q0 < qend; q0 += G * kBM) {
       const int nq = min(kBM, qend - q0);
-      __syncthreads();
-      if (REL) load_token_info(s.qi, a, q0, nq, false);
-      load_rows<DP>(s.Q, a.q, a, q0, nq, h);
-      load_rows<DP>(s.dO, a.dout, a, q0, nq, h);
+      team.sync();
+      if (REL) load_token_info(team, gs.qi, a, q0, nq, false);
+      load_rows<DP>(team, gs.Q, a.q, a, q0, nq, h);
+      load_rows<DP>(team, gs.dO, a.dout, a, q0, nq, h);
       for (int t = tid; t < kBM; t += kThreads) {
-        s.lse[t] = t < nq ? a.lse_in[(int64_t)(q0 + t) * a.H + h] : A(0);
-        s.delta[t] = t < nq ? a.delta[(int64_t)(q0 + t) * a.H + h] : A(0);
+        gs.lse[t] = t < nq ? a.lse_in[(int64_t)(q0 + t) * a.H + h] : A(0);
+        gs.delta[t] = t < nq ? a.delta[(int64_t)(q0 + t) * a.H + h] : A(0);
       }
-      __syncthreads();
-      if (REL && a.tq) tile_table_products<DP>(s.Qt, s.Q, s.Tq, a);
-      if (REL && a.tv) tile_table_products<DP>(s.Gt, s.dO, s.Tv, a);
-      gemm_nt<DP>(s.S, kLDS, s.Q, s.K, kBM / 16);
-      gemm_nt<DP>(s.dP, kLDS, s.dO, s.V, kBM / 16);
-      __syncthreads();
+      team.sync();
+      if (REL && a.tq) tile_table_products<DP>(team, gs.Qt, gs.Q, s.Tq, a);
+      if (REL && a.tv) tile_table_products<DP>(team, gs.Gt, gs.dO, s.Tv, a);
+      gemm_nt<DP>(team, gs.S, kLDS, gs.Q, s.K, kBM / 16);
+      gemm_nt<DP>(team, gs.dP, kLDS, gs.dO, s.V, kBM / 16);
+      team.sync();
       const int klo = s.ki.lo[kc], khi = s.ki.hi[kc];
       uint32_t rows[8] = {};
       A ds[8];
@@ -228,40 +354,46 @@ __global__ void __launch_bounds__(kThreads, REL ? 2 : 6) bwd_dkv_kernel(const Ar
         PairGrad<T> g{A(0), A(0)};
         if (rq < nq && i >= klo && i < khi) {
           valid |= 1u << e;
-          if (REL) rows[e] = pair_rows(a.rel, s.qi, s.ki, rq, kc);
-          g = pair_grad<REL>(a, s.S[rq * kLDS + kc], s.dP[rq * kLDS + kc], s.lse[rq], s.delta[rq],
-                        products_row(s.Qt, rq, a.L3p, s.S), products_row(s.Kt, kc, a.L3p, s.S),
-                        products_row(s.Gt, rq, a.L3p, s.S), rows[e]);
+          if (REL) rows[e] = pair_rows(a.rel, gs.qi, s.ki, rq, kc);
+          g = pair_grad<REL>(a, gs.S[rq * kLDS + kc], gs.dP[rq * kLDS + kc], gs.lse[rq], gs.delta[rq],
+                             products_row(gs.Qt, rq, a.L3p, gs.S), products_row(s.Kt, kc, a.L3p, gs.S),
+                             products_row(gs.Gt, rq, a.L3p, gs.S), rows[e]);
         }
         ds[e] = g.ds;
-        s.P[rq * kLDP + kc] = narrow<T>(g.p);
-        s.dS[rq * kLDP + kc] = narrow<T>(g.ds);
+        gs.P[rq * kLDPair<T> + kc] = narrow<T>(g.p);
+        gs.dS[rq * kLDPair<T> + kc] = narrow<T>(g.ds);
       }
-      if (REL && a.tk) quad_ordered_add(s.Hk + kc * a.L3p, rows, ds, valid);
-      __syncthreads();
-      dk.template mma<true>(s.dS, kLDP, s.Q, kBM);
-      dv.template mma<true>(s.P, kLDP, s.dO, kBM);
+      if (REL && a.tk) quad_ordered_add(gs.Hk + kc * a.L3p, rows, ds, valid);
+      team.sync();
+      dk.template mma<true>(team, gs.dS, kLDPair<T>, gs.Q, kBM);
+      dv.template mma<true>(team, gs.P, kLDPair<T>, gs.dO, kBM);
     }
     __syncthreads();
-    if (a.tk) stage_table<DP>(s.Tq, a.tk, a, h);
+    A* const hk = s.groups.of_group(gs.Hk, group, 0);  // group 0's histogram: the sum, after this
+    if constexpr (G > 1) {
+      if (REL && a.tk) sum_group_hists<G>(cta, hk, part, kBM * a.L3p);
+      __syncthreads();
+    }
+    if (a.tk) stage_table<DP>(cta, s.Tq, a.tk, a, h);
     // dk = scale·dSᵀQ + Σ_n Hk[n]·Tk[n]: the scale is applied to the tile product before the table term.
     if constexpr (kHistTiles<T>) {
       dk.scale(a.scale);
       if (REL && a.tk) {
         __syncthreads();
-        dk.template mma<false>(s.Hk, a.L3p, s.Tq, a.L3p);
+        if (group == 0) dk.template mma<false>(team, hk, a.L3p, s.Tq, a.L3p);
       }
     }
-    dk.store(s.Ok);
-    dv.store(s.Ov);
+    dk.store(team, gs.Ok);
+    dv.store(team, gs.Ov);
     __syncthreads();
     if constexpr (!kHistTiles<T>) {
-      for (int idx = tid; idx < kBM * kLDO<DP>; idx += kThreads) s.Ok[idx] *= a.scale;
+      for (int idx = tid; idx < kBM * kLDO<DP>; idx += kThreads) gs.Ok[idx] *= a.scale;
       __syncthreads();
     }
-    write_rows<DP>(a.dk, s.Ok, !kHistTiles<T> && REL && a.tk, s.Hk, s.Tq, a, c0, nkeys, h, A(1));
-    write_rows<DP>(a.dv, s.Ov, false, s.Ov, s.Q, a, c0, nkeys, h, A(1));
-    if (a.tk) table_grad<DP>(a.dtk, s.Hk, s.K, a, h, A(1));
+    write_rows<DP, G>(cta, a.dk, s.groups.of_group(gs.Ok, group, 0), !kHistTiles<T> && REL && a.tk, hk, s.Tq, a,
+                      c0, nkeys, h, A(1), part);
+    write_rows<DP, G>(cta, a.dv, s.groups.of_group(gs.Ov, group, 0), false, hk, s.Tq, a, c0, nkeys, h, A(1), part);
+    if (a.tk) table_grad<DP>(cta, a.dtk, hk, s.K, a, h, A(1));
   }
 }
 
@@ -619,6 +751,26 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
   }
 }
 
+// A tile backward kernel and its launch shape.
+template <typename T>
+struct TileBackward {
+  void (*kernel)(const Args<T>);
+  size_t bytes;
+  int threads, grid;
+};
+
+// `kernel` (`groups` teams of kThreads) and its launch shape, or nothing where its shared memory does not fit,
+// which is a clear error if it is `required`.
+template <typename Smem, typename T>
+std::optional<TileBackward<T>> tile_backward(void (*kernel)(const Args<T>), const Args<T>& a, int groups,
+                                             int ntiles, bool required) {
+  const size_t bytes = required ? prepare<Smem>(kernel, a, "window_attention backward")
+                                : fit_smem(kernel, smem_bytes<Smem>(a));
+  if (bytes == 0) return std::nullopt;
+  const int threads = groups * kThreads;
+  return TileBackward<T>{kernel, bytes, threads, persistent_grid(kernel, bytes, ntiles, a.H, threads)};
+}
+
 // The mma.sync backward (fp16/bf16, head dim 16..128 with aligned rows, its shared memory fits), or false
 // for the tile kernels. With tables, table-gradient slots (one per CTA) come from make_slots(grid). Cubic tables
 // (no radial bins) launch the one-hot kernels too, on their own persistent grids: a device flag set from the
@@ -705,17 +857,18 @@ void window_attention_bwd_head_dim(const FusedOperands& o, BackwardTensors& t, d
     dispatch_rel(o, [&](auto rel) {
       constexpr bool REL = decltype(rel)::value;
       const int ntiles = num_tiles(o);
-      auto* dq_kernel = bwd_dq_kernel<DP, T, REL>;
-      auto* dkv_kernel = bwd_dkv_kernel<DP, T, REL>;
-      const size_t dq_bytes = prepare<DqSmem<DP, T>>(dq_kernel, a, "window_attention backward");
-      const size_t dkv_bytes = prepare<DkvSmem<DP, T>>(dkv_kernel, a, "window_attention backward");
-      const int dq_grid = persistent_grid(dq_kernel, dq_bytes, ntiles, a.H);
-      const int dkv_grid = persistent_grid(dkv_kernel, dkv_bytes, ntiles, a.H);
-      make_slots(dq_grid, dkv_grid);
+      std::optional<TileBackward<T>> dq, dkv;
+      if constexpr (REL && std::is_same_v<T, float>) {  // two groups per CTA where they fit
+        dq = tile_backward<DqSmem<DP, T, 2>>(bwd_dq_kernel<DP, T, REL, 2>, a, 2, ntiles, false);
+        dkv = tile_backward<DkvSmem<DP, T, 2>>(bwd_dkv_kernel<DP, T, REL, 2>, a, 2, ntiles, false);
+      }
+      if (!dq) dq = tile_backward<DqSmem<DP, T, 1>>(bwd_dq_kernel<DP, T, REL, 1>, a, 1, ntiles, true);
+      if (!dkv) dkv = tile_backward<DkvSmem<DP, T, 1>>(bwd_dkv_kernel<DP, T, REL, 1>, a, 1, ntiles, true);
+      make_slots(dq->grid, dkv->grid);
       a.tile_counter = t.counters.data_ptr<int32_t>();
-      launch(dq_kernel, a, dq_grid, dq_bytes);  // also writes delta, read by the key side
+      launch(dq->kernel, a, dq->grid, dq->bytes, dq->threads);  // also writes delta, read by the key side
       a.tile_counter = t.counters.data_ptr<int32_t>() + o.H;
-      launch(dkv_kernel, a, dkv_grid, dkv_bytes);
+      launch(dkv->kernel, a, dkv->grid, dkv->bytes, dkv->threads);
     });
   });
 }

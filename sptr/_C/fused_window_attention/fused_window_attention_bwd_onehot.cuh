@@ -83,7 +83,7 @@ struct OneHotDqSmem {
   }
 };
 
-// Two CTAs per multiprocessor up to head dim 64 (the histograms' 96 accumulators per thread fit 255 registers).
+// Two CTAs per multiprocessor up to head dim 64 (the histograms' 72 accumulators per thread fit 255 registers).
 template <int DP> constexpr int kOneHotBwdMinBlocks = DP <= 64 ? 2 : 1;
 
 // dq of 64 query rows of one head (16 per warp), as bwd_dq_mma_kernel, with the table terms as one-hot products:

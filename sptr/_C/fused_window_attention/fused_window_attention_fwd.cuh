@@ -65,23 +65,24 @@ __global__ void __launch_bounds__(kThreads, REL ? 2 : 6) fwd_kernel(const Args<T
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
   const FwdSmem<DP, T> s(bump, a);
+  const Team<kThreads> cta = whole_cta();
   const int h = blockIdx.y, tid = threadIdx.x, r = tid >> 2, cb = (tid & 3) * 8;
   const int ntiles = (a.N + kBM - 1) / kBM;
   for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
     const int r0 = tile * kBM, nrows = min(kBM, a.N - r0);
     __syncthreads();
-    load_token_info(s.qi, a, r0, nrows, true);
-    load_rows<DP>(s.Q, a.q, a, r0, nrows, h);
+    load_token_info(cta, s.qi, a, r0, nrows, true);
+    load_rows<DP>(cta, s.Q, a.q, a, r0, nrows, h);
     __syncthreads();
     const int kbeg = s.qi.lo[0], kend = s.qi.hi[nrows - 1], lo_r = s.qi.lo[r], hi_r = s.qi.hi[r];
     if (REL && a.tq) {
-      stage_table<DP>(s.Ts, a.tq, a, h);
+      stage_table<DP>(cta, s.Ts, a.tq, a, h);
       __syncthreads();
-      tile_table_products<DP>(s.Qt, s.Q, s.Ts, a);
+      tile_table_products<DP>(cta, s.Qt, s.Q, s.Ts, a);
       __syncthreads();
     }
-    if (a.tk) stage_table<DP>(s.Ts, a.tk, a, h);
-    if (a.tv) zero_smem(s.Hv, kBM * a.L3p);
+    if (a.tk) stage_table<DP>(cta, s.Ts, a.tk, a, h);
+    if (a.tv) zero_smem(cta, s.Hv, kBM * a.L3p);
     A m = -std::numeric_limits<A>::infinity(), l = 0, lse_r = 0;
     OutTiles<DP, T> acc;
     acc.zero();
@@ -93,12 +94,12 @@ __global__ void __launch_bounds__(kThreads, REL ? 2 : 6) fwd_kernel(const Args<T
       for (int c0 = kbeg; c0 < kend; c0 += kBM) {
         const int ncols = min(kBM, kend - c0);
         __syncthreads();
-        if (REL) load_token_info(s.ki, a, c0, ncols, false);
-        load_rows<DP>(s.K, a.k, a, c0, ncols, h);
-        if (pass == kLastPass) load_rows<DP>(s.V, a.v, a, c0, ncols, h);
+        if (REL) load_token_info(cta, s.ki, a, c0, ncols, false);
+        load_rows<DP>(cta, s.K, a.k, a, c0, ncols, h);
+        if (pass == kLastPass) load_rows<DP>(cta, s.V, a.v, a, c0, ncols, h);
         __syncthreads();
-        if (REL && a.tk) tile_table_products<DP>(s.Kt, s.K, s.Ts, a);
-        gemm_nt<DP>(s.S, kLDS, s.Q, s.K, kBM / 16);
+        if (REL && a.tk) tile_table_products<DP>(cta, s.Kt, s.K, s.Ts, a);
+        gemm_nt<DP>(cta, s.S, kLDS, s.Q, s.K, kBM / 16);
         __syncthreads();
         uint32_t rows[8] = {};
         A p[8];
@@ -133,8 +134,8 @@ __global__ void __launch_bounds__(kThreads, REL ? 2 : 6) fwd_kernel(const Args<T
           for (int e = 0; e < 8; ++e) s.P[r * kLDP + cb + e] = narrow<T>(p[e]);
           if (REL && a.tv) quad_ordered_add(s.Hv + r * a.L3p, rows, p, valid);
           __syncthreads();
-          if constexpr (kOnePass) acc.scale_rows(s.row_scale);
-          acc.template mma<false>(s.P, kLDP, s.V, kBM);
+          if constexpr (kOnePass) acc.scale_rows(cta, s.row_scale);
+          acc.template mma<false>(cta, s.P, kLDP, s.V, kBM);
         }
       }
       if (kOnePass) {  // the quad's partial sums share the row's max
@@ -159,17 +160,17 @@ __global__ void __launch_bounds__(kThreads, REL ? 2 : 6) fwd_kernel(const Args<T
       }
     }
     __syncthreads();
-    if (a.tv) stage_table<DP>(s.Ts, a.tv, a, h);
+    if (a.tv) stage_table<DP>(cta, s.Ts, a.tv, a, h);
     if constexpr (kHistTiles<T>) {  // out = (P·V + Hv·Tv) / l, both unnormalised
       if (REL && a.tv) {
         __syncthreads();
-        acc.template mma<false>(s.Hv, a.L3p, s.Ts, a.L3p);
+        acc.template mma<false>(cta, s.Hv, a.L3p, s.Ts, a.L3p);
       }
-      acc.scale_rows(s.row_scale);
+      acc.scale_rows(cta, s.row_scale);
     }
-    acc.store(s.O);
+    acc.store(cta, s.O);
     __syncthreads();
-    write_rows<DP>(a.o, s.O, !kHistTiles<T> && REL && a.tv, s.Hv, s.Ts, a, r0, nrows, h, A(1));
+    write_rows<DP>(cta, a.o, s.O, !kHistTiles<T> && REL && a.tv, s.Hv, s.Ts, a, r0, nrows, h, A(1));
     if (tid < nrows) a.lse[(int64_t)(r0 + tid) * a.H + h] = s.lse[tid];
   }
 }
@@ -391,14 +392,16 @@ struct OneHotFwdSmem {
   }
 };
 
-// Two CTAs per multiprocessor up to head dim 64: at three (168 registers) the hi and lo planes of Q̃ spill.
-template <int DP> constexpr int kOneHotMinBlocks = DP <= 64 ? 2 : 1;
+// CTAs per multiprocessor: three at head dim 16 (168 registers, 4 bytes spilled with 24 cells; their shared
+// memory fits three, at head dim 32 it does not; 1.2-1.3x faster than two, benchmarks/RESULTS.md "Table path,
+// step 8"), two up to 64.
+template <int DP> constexpr int kOneHotMinBlocks = DP <= 16 ? 3 : (DP <= 64 ? 2 : 1);
 
 template <int DP, typename T>
 __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_onehot_kernel(const Args<T> a) {
   using namespace mma;
   using Smem = OneHotFwdSmem<DP, T>;
-  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8, KK = kOneHotK / 16;
+  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8, KK = kOneHotSteps;
   if (!*a.onehot) return;  // a coordinate leaves the one-hot range: fwd_mma_kernel<REL> does the work
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
@@ -429,10 +432,11 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
       const uint16_t* bits = reinterpret_cast<const uint16_t*>((plane ? sm.qt_lo : sm.qt) + own);
 #pragma unroll
       for (int kk = 0; kk < KK; ++kk) {
-        const int col = kk >> 1;
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int i = r & 1, u = (kk & 1) * 16 + 2 * t + (r >> 1) * 8;
+        for (int r = 0; r < 4; ++r) {  // register r: row g + 8·(r & 1), 8-column group 2·kk + r / 2
+          const int i = r & 1, grp = 2 * kk + (r >> 1);
+          if (grp >= 3 * kOneHotGroups) continue;  // the last k-step's padding stays zero
+          const int col = onehot_axis(grp), u = onehot_cell0(grp) + 2 * t;
           const uint16_t* row = bits + (g + 8 * i) * sm.lp + col;
           const uint32_t lo = row[onehot_rel<true>(cq[i][col], u, shift, L) * 3];
           const uint32_t hi = row[onehot_rel<true>(cq[i][col], u + 1, shift, L) * 3];

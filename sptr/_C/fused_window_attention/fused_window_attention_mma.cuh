@@ -65,6 +65,11 @@ __device__ __forceinline__ void mma_ab(float (&acc)[DP / 8][4], const uint32_t (
     mma_16816<T>(acc[2 * dp], a, b[0], b[1]);
     mma_16816<T>(acc[2 * dp + 1], a, b[2], b[3]);
   }
+  if constexpr (DP % 16 != 0) {  // a last 8 columns (the one-hot histograms' 72)
+    uint32_t b[2];
+    ldmatrix_x2_trans(b, rowp + DP / 16 * 16);
+    mma_16816<T>(acc[DP / 8 - 1], a, b[0], b[1]);
+  }
 }
 
 // o += C·B over a block's 16-row groups that touch the warp's windows (live), C's A operands made from the C
@@ -163,13 +168,18 @@ __device__ __forceinline__ void table_products16(T* dst, T* dst_lo, int lp, cons
 }
 
 // One-hot coordinates as mma operands. Cell coordinates inside [0, kOneHot) (quantised_coords of a window with
-// at most 32 cells a side) make a pair's table terms products: with E[j][32·a + u] = [c_j,a = u],
-// Σ_a q_i·Tq[rel_a(i,j)] = Σ_m Q̃[i][m]·E[j][m] (Q̃[i][32·a + u] = q_i·Tq[clamp(c_i,a − u + s)]) and
-// Σ_a k_j·Tk[rel_a(i,j)] = Σ_m E[i][m]·K̃[j][m] (K̃[j][32·a + u] = k_j·Tk[clamp(u − c_j,a + s)]); reductions of
-// kOneHotK = 96 on the tensor cores instead of gathers per pair.
-constexpr int kOneHot = 32;
+// at most 24 cells a side: SphereFormer's quant_size = window_size / 24) make a pair's table terms products:
+// with E[j][24·a + u] = [c_j,a = u], Σ_a q_i·Tq[rel_a(i,j)] = Σ_m Q̃[i][m]·E[j][m] (Q̃[i][24·a + u] =
+// q_i·Tq[clamp(c_i,a − u + s)]) and Σ_a k_j·Tk[rel_a(i,j)] = Σ_m E[i][m]·K̃[j][m] (K̃[j][24·a + u] =
+// k_j·Tk[clamp(u − c_j,a + s)]); reductions of kOneHotK = 72 on the tensor cores instead of gathers per pair,
+// in 5 k-steps of 16 whose last 8 columns are zero in E and in X̃ (kOneHotKP = 80 columns per row).
+constexpr int kOneHot = 24;
+constexpr int kOneHotGroups = kOneHot / 8;   // 8-column groups per axis
 constexpr int kOneHotK = 3 * kOneHot;
-constexpr int kOneHotLd = kOneHotK + 8;  // 16-bit row pitch of K̃: ldmatrix without bank conflicts
+constexpr int kOneHotSteps = (kOneHotK + 15) / 16;
+constexpr int kOneHotKP = 16 * kOneHotSteps;
+constexpr int kOneHotLd = kOneHotKP + 8;  // 16-bit row pitch of E and X̃: ldmatrix without bank conflicts
+static_assert(kOneHot % 8 == 0, "the one-hot rows are built in 8-column runs");
 
 template <typename T>
 __device__ __forceinline__ constexpr uint32_t one_bits() {
@@ -180,14 +190,26 @@ template <typename T>
 __device__ __forceinline__ uint32_t onehot2(int c0, int c1, int u) {
   return (c0 == u ? one_bits<T>() : 0u) | (c1 == u ? one_bits<T>() << 16 : 0u);
 }
-// A fragment of k-step kk (columns [16·kk, 16·kk + 16) of E) of rows g (coordinates c0) and g+8 (c1).
+// Axis and first cell of the 8-column group `grp` of a one-hot row (grp < 3·kOneHotGroups; past it: padding).
+__device__ __forceinline__ constexpr int onehot_axis(int grp) { return grp / kOneHotGroups; }
+__device__ __forceinline__ constexpr int onehot_cell0(int grp) { return grp % kOneHotGroups * 8; }
+
+// A fragment of k-step kk (columns [16·kk, 16·kk + 16) of E) of rows g (coordinates c0) and g+8 (c1): its
+// halves are the 8-column groups 2·kk and 2·kk + 1, each of one axis (kk is a constant after unrolling).
 template <typename T>
 __device__ __forceinline__ void onehot_a(uint32_t (&e)[4], const int (&c0)[3], const int (&c1)[3], int kk) {
-  const int col = kk >> 1, u = (kk & 1) * 16 + 2 * (threadIdx.x & 3);
-  e[0] = onehot2<T>(c0[col], c0[col] - 1, u);
-  e[1] = onehot2<T>(c1[col], c1[col] - 1, u);
-  e[2] = onehot2<T>(c0[col], c0[col] - 1, u + 8);
-  e[3] = onehot2<T>(c1[col], c1[col] - 1, u + 8);
+  const int t2 = 2 * (threadIdx.x & 3);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int grp = 2 * kk + half;
+    if (grp >= 3 * kOneHotGroups) {
+      e[2 * half] = e[2 * half + 1] = 0u;
+      continue;
+    }
+    const int col = onehot_axis(grp), u = onehot_cell0(grp) + t2;
+    e[2 * half] = onehot2<T>(c0[col], c0[col] - 1, u);
+    e[2 * half + 1] = onehot2<T>(c1[col], c1[col] - 1, u);
+  }
 }
 
 // A fragment of columns [16·kk, 16·kk + 16) of 16 fp32 rows (pitch lp) in shared memory, row g scaled by

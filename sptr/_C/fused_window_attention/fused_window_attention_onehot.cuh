@@ -16,9 +16,11 @@ __device__ __forceinline__ int onehot_rel(int c, int u, int shift, int L) {
 }
 
 // One-hot and tilde rows are written in runs of 8 columns (one 16-byte store): a run's (row, axis) is fixed, so
-// the coordinate and row addresses are worked out once per run, with shifts and constant divisions.
+// the coordinate and row addresses are worked out once per run, with shifts and constant divisions. A row's
+// runs past the three axes (up to kOneHotKP columns) are zero: the last k-step's padding.
 constexpr int kOneHotRun = 8;
 constexpr int kOneHotRuns = mma::kOneHot / kOneHotRun;  // runs per (row, axis)
+constexpr int kOneHotRowRuns = mma::kOneHotKP / kOneHotRun;  // runs per row, padding included
 
 // Tilde rows (hi and lo planes, [row][kOneHotLd] 16-bit) of ROWS tokens from their table products (hi and lo
 // planes, [row][lp] 16-bit, column n = rel·3 + a) and coordinates ([row][3] in shared memory); all threads of
@@ -27,19 +29,21 @@ template <bool QUERY, int ROWS, typename T>
 __device__ void onehot_tilde(T* til, T* til_lo, const T* prod, const T* prod_lo, int lp, const int* coords, int L,
                              int shift) {
   using namespace mma;
-  for (int idx = threadIdx.x; idx < 2 * ROWS * 3 * kOneHotRuns; idx += kThreads) {
-    const int run = idx % kOneHotRuns, pja = idx / kOneHotRuns;  // pja = (plane·ROWS + j)·3 + a
-    const int a = pja % 3, pj = pja / 3, j = pj % ROWS, plane = pj / ROWS;
-    const int c = coords[j * 3 + a], u0 = run * kOneHotRun;
-    const uint16_t* row = reinterpret_cast<const uint16_t*>(plane ? prod_lo : prod) + j * lp + a;
-    uint32_t w[kOneHotRun / 2];
+  for (int idx = threadIdx.x; idx < 2 * ROWS * kOneHotRowRuns; idx += kThreads) {
+    const int run = idx % kOneHotRowRuns, pj = idx / kOneHotRowRuns;  // pj = plane·ROWS + j; run = a·runs + r
+    const int j = pj % ROWS, plane = pj / ROWS;
+    T* out = (plane ? til_lo : til) + j * kOneHotLd + run * kOneHotRun;
+    uint32_t w[kOneHotRun / 2] = {};
+    if (run < 3 * kOneHotRuns) {
+      const int a = run / kOneHotRuns, u0 = run % kOneHotRuns * kOneHotRun, c = coords[j * 3 + a];
+      const uint16_t* row = reinterpret_cast<const uint16_t*>(plane ? prod_lo : prod) + j * lp + a;
 #pragma unroll
-    for (int k = 0; k < kOneHotRun / 2; ++k) {
-      const uint32_t lo = row[onehot_rel<QUERY>(c, u0 + 2 * k, shift, L) * 3];
-      const uint32_t hi = row[onehot_rel<QUERY>(c, u0 + 2 * k + 1, shift, L) * 3];
-      w[k] = lo | hi << 16;
+      for (int k = 0; k < kOneHotRun / 2; ++k) {
+        const uint32_t lo = row[onehot_rel<QUERY>(c, u0 + 2 * k, shift, L) * 3];
+        const uint32_t hi = row[onehot_rel<QUERY>(c, u0 + 2 * k + 1, shift, L) * 3];
+        w[k] = lo | hi << 16;
+      }
     }
-    T* out = (plane ? til_lo : til) + j * kOneHotLd + a * kOneHot + u0;
     *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
@@ -69,7 +73,7 @@ __device__ __forceinline__ void onehot_rows_times_tilde(float (&acc)[NT][4], con
   const int lane = threadIdx.x & 31;
   const int rowo = (np * 16 + (lane >> 4) * 8 + (lane & 7)) * kOneHotLd + ((lane >> 3) & 1) * 8;
 #pragma unroll
-  for (int kk = 0; kk < kOneHotK / 16; ++kk) {
+  for (int kk = 0; kk < kOneHotSteps; ++kk) {
     uint32_t e[4], b[4];
     onehot_a<T>(e, c0, c1, kk);
 #pragma unroll
@@ -87,11 +91,14 @@ __device__ __forceinline__ void onehot_rows_times_tilde(float (&acc)[NT][4], con
 template <int ROWS, typename T>
 __device__ __forceinline__ void onehot_block(T* E, const int* coords) {
   using namespace mma;
-  for (int idx = threadIdx.x; idx < ROWS * 3 * kOneHotRuns; idx += kThreads) {
-    const int run = idx % kOneHotRuns, ja = idx / kOneHotRuns;  // ja = j·3 + a
-    const int c = coords[ja] - run * kOneHotRun;
-    *reinterpret_cast<uint4*>(E + (ja / 3) * kOneHotLd + (ja % 3) * kOneHot + run * kOneHotRun) =
-        make_uint4(onehot2<T>(c, c - 1, 0), onehot2<T>(c, c - 1, 2), onehot2<T>(c, c - 1, 4), onehot2<T>(c, c - 1, 6));
+  for (int idx = threadIdx.x; idx < ROWS * kOneHotRowRuns; idx += kThreads) {
+    const int run = idx % kOneHotRowRuns, j = idx / kOneHotRowRuns;  // run = a·runs + r
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (run < 3 * kOneHotRuns) {
+      const int c = coords[j * 3 + run / kOneHotRuns] - run % kOneHotRuns * kOneHotRun;
+      v = make_uint4(onehot2<T>(c, c - 1, 0), onehot2<T>(c, c - 1, 2), onehot2<T>(c, c - 1, 4), onehot2<T>(c, c - 1, 6));
+    }
+    *reinterpret_cast<uint4*>(E + j * kOneHotLd + run * kOneHotRun) = v;
   }
 }
 
@@ -106,7 +113,7 @@ __device__ __forceinline__ void tilde_times_onehot(float (&acc)[NT][4], const T*
   const T* arow_lo = til_lo + (lane & 15) * kOneHotLd + (lane >> 4) * 8;
   const T* brow = E + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * kOneHotLd + ((lane >> 3) & 1) * 8;
 #pragma unroll
-  for (int kk = 0; kk < kOneHotK / 16; ++kk) {
+  for (int kk = 0; kk < kOneHotSteps; ++kk) {
     uint32_t hi[4], lo[4], b[4];
     ldmatrix_x4(hi, arow + kk * 16);
     ldmatrix_x4(lo, arow_lo + kk * 16);
@@ -118,7 +125,8 @@ __device__ __forceinline__ void tilde_times_onehot(float (&acc)[NT][4], const T*
   }
 }
 
-// Per-axis one-hot histogram accumulators: G[a·4 + u/8] (C tiles, 16 rows x 32 columns u per axis a).
+// Per-axis one-hot histogram accumulators: G[a·kOneHotGroups + u/8] (C tiles, 16 rows x kOneHot columns u per
+// axis a).
 using OneHotHist = float[3 * mma::kOneHot / 8][4];
 
 // G_a += X · E_a for the 16 tokens of k-step kk, X its A fragment (16 rows x 16 tokens), E the block's one-hot
@@ -184,14 +192,6 @@ inline at::Tensor onehot_flag(const FusedOperands& o) {
       o.coords.const_data_ptr<int32_t>(), o.N * 3, flag.data_ptr<int>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return flag;
-}
-
-// Dynamic shared memory of `kernel` if it fits the device (opting in above 48 KB), else 0.
-template <typename Kernel>
-size_t fit_smem(Kernel* kernel, size_t bytes) {
-  if (bytes > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return 0;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-  return bytes;
 }
 
 }  // namespace

@@ -28,6 +28,30 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kLDS = kBM + 4;  // leading dims (elements) of the kBM x kBM score tiles: float / 16-bit
 constexpr int kLDP = kBM + 8;
 
+// The threads that share a piece of a tile kernel's work: the whole CTA, or one of the groups of kThreads
+// threads of the two-group backward kernels. `tid` is the thread's index in the team; teams are whole warps,
+// so warp-level code (tiles, shuffles) is the same in every team.
+template <int kSize>
+struct Team {
+  static constexpr int kCount = kSize, kWarpCount = kSize / 32;
+  int index;
+  int barrier;  // 0: the CTA's barrier; else a named barrier of this team's threads alone
+  // The thread's index in the team; the range told to the compiler, which it cannot see through a struct field
+  // (signed index arithmetic would cost divisions' fix-ups).
+  __device__ int tid() const {
+    __builtin_assume(index >= 0 && index < kSize);
+    return index;
+  }
+  __device__ int warp() const { return tid() >> 5; }
+  __device__ void sync() const {
+    if (barrier == 0) __syncthreads();
+    else asm volatile("bar.sync %0, %1;" ::"r"(barrier), "n"(kSize) : "memory");
+  }
+};
+// The team of every thread of a CTA of `kSize` threads.
+template <int kSize = kThreads>
+__device__ __forceinline__ Team<kSize> whole_cta() { return {static_cast<int>(threadIdx.x), 0}; }
+
 template <typename T> struct CudaType { using type = T; };
 template <> struct CudaType<at::Half> { using type = __half; };
 template <> struct CudaType<at::BFloat16> { using type = __nv_bfloat16; };
@@ -368,9 +392,10 @@ __global__ void token_bounds_kernel(const int32_t* offsets, int W, int N, int2* 
 }
 
 // Coordinates and radii of tokens [t0, t0 + n), and their window bounds if `bounds` (tokens past n: empty).
-template <typename T>
-__device__ void load_token_info(const TokenInfo& s, const Args<T>& a, int t0, int n, bool bounds) {
-  for (int t = threadIdx.x; t < kBM; t += kThreads) {
+template <int kTeam, typename T>
+__device__ void load_token_info(Team<kTeam> team, const TokenInfo& s, const Args<T>& a, int t0, int n,
+                                bool bounds) {
+  for (int t = team.tid(); t < kBM; t += kTeam) {
     if (bounds) {
       const int2 b = t < n ? a.bounds[t0 + t] : make_int2(0, 0);
       s.lo[t] = b.x;
@@ -383,11 +408,12 @@ __device__ void load_token_info(const TokenInfo& s, const Args<T>& a, int t0, in
 }
 
 // rows x DP tile from global rows row_ptr(r), r < nvalid, into dst[rows][LDT], zero-padded.
-template <int DP, typename T, typename RowPtr>
-__device__ void load_tile(T* dst, int rows, int nvalid, const Args<T>& a, const RowPtr& row_ptr) {
+template <int DP, int kTeam, typename T, typename RowPtr>
+__device__ void load_tile(Team<kTeam> team, T* dst, int rows, int nvalid, const Args<T>& a,
+                          const RowPtr& row_ptr) {
   if (a.vec) {
     constexpr int V = 16 / sizeof(T), C = DP / V;
-    for (int idx = threadIdx.x; idx < rows * C; idx += kThreads) {
+    for (int idx = team.tid(); idx < rows * C; idx += kTeam) {
       const int r = idx / C, c = (idx % C) * V;
       uint4 val = make_uint4(0, 0, 0, 0);
       if (r < nvalid) val = *reinterpret_cast<const uint4*>(row_ptr(r) + c);
@@ -395,22 +421,22 @@ __device__ void load_tile(T* dst, int rows, int nvalid, const Args<T>& a, const 
     }
     return;
   }
-  for (int idx = threadIdx.x; idx < rows * DP; idx += kThreads) {
+  for (int idx = team.tid(); idx < rows * DP; idx += kTeam) {
     const int r = idx / DP, c = idx % DP;
     dst[r * kLDT<DP> + c] = (r < nvalid && c < a.d) ? row_ptr(r)[c] : narrow<T>(acc_t<T>(0));
   }
 }
 
 // Rows [t0, t0 + n) of head h of x (N, H, d) into dst[kBM][LDT].
-template <int DP, typename T>
-__device__ void load_rows(T* dst, const T* x, const Args<T>& a, int t0, int n, int h) {
-  load_tile<DP>(dst, kBM, n, a, [&](int r) { return x + ((int64_t)(t0 + r) * a.H + h) * a.d; });
+template <int DP, int kTeam, typename T>
+__device__ void load_rows(Team<kTeam> team, T* dst, const T* x, const Args<T>& a, int t0, int n, int h) {
+  load_tile<DP>(team, dst, kBM, n, a, [&](int r) { return x + ((int64_t)(t0 + r) * a.H + h) * a.d; });
 }
 
 // Head h of a table (L, 3, H, d) as rows n = rel·3 + a of dst[L3p][LDT].
-template <int DP, typename T>
-__device__ void stage_table(T* dst, const T* table, const Args<T>& a, int h) {
-  load_tile<DP>(dst, a.L3p, a.L3, a, [&](int n) { return table + ((int64_t)n * a.H + h) * a.d; });
+template <int DP, int kTeam, typename T>
+__device__ void stage_table(Team<kTeam> team, T* dst, const T* table, const Args<T>& a, int h) {
+  load_tile<DP>(team, dst, a.L3p, a.L3, a, [&](int n) { return table + ((int64_t)n * a.H + h) * a.d; });
 }
 
 // The three table rows of a pair, 10 bits each (so 3L <= 1023 on CUDA): one register instead of three.
@@ -448,15 +474,15 @@ __device__ __forceinline__ int next_tile(const Args<T>& a, int current, int* sha
   return *shared_slot;
 }
 
-// dst[kBM][col_tiles·16] = X[kBM][DP] · Y[col_tiles·16][DP]ᵀ, spread over the warps: a warp keeps one row tile
-// of X and takes every kWarpsPerRowTile-th column tile. With kKeepRows (the table products: many column tiles
+// dst[kBM][col_tiles·16] = X[kBM][DP] · Y[col_tiles·16][DP]ᵀ, spread over the team's warps: a warp keeps one row
+// tile of X and takes every kWarpsPerRowTile-th column tile. With kKeepRows (the table products: many column tiles
 // per row tile), fp32 up to DP 32 splits the warp's X rows into TF32 fragments once and keeps them in registers
 // (DP of them) for all its column tiles.
-template <int DP, bool kKeepRows = false, typename T>
-__device__ void gemm_nt(acc_t<T>* dst, int ldd, const T* X, const T* Y, int col_tiles) {
-  constexpr int kWarpsPerRowTile = kWarps / (kBM / 16);
-  static_assert(kWarps % (kBM / 16) == 0, "gemm_nt: the warps must divide evenly over the row tiles");
-  const int warp = threadIdx.x / 32, rt = warp / kWarpsPerRowTile;
+template <int DP, bool kKeepRows = false, int kTeam, typename T>
+__device__ void gemm_nt(Team<kTeam> team, acc_t<T>* dst, int ldd, const T* X, const T* Y, int col_tiles) {
+  constexpr int kTeamWarps = Team<kTeam>::kWarpCount, kWarpsPerRowTile = kTeamWarps / (kBM / 16);
+  static_assert(kTeamWarps % (kBM / 16) == 0, "gemm_nt: the warps must divide evenly over the row tiles");
+  const int warp = team.warp(), rt = warp / kWarpsPerRowTile;
   const T* Xr = X + rt * 16 * kLDT<DP>;
   if constexpr (kKeepRows && std::is_same_v<T, float> && DP <= 32) {
     uint32_t a[DP / 8][4], a_lo[DP / 8][4];
@@ -479,12 +505,14 @@ __device__ void gemm_nt(acc_t<T>* dst, int ldd, const T* X, const T* Y, int col_
 }
 
 // The per-token table products dst[kBM][L3p] = X · Tsᵀ of a staged table Ts (L3p x DP).
-template <int DP, typename T>
-__device__ void tile_table_products(acc_t<T>* dst, const T* X, const T* Ts, const Args<T>& a) {
-  gemm_nt<DP, true>(dst, a.L3p, X, Ts, a.L3p / 16);
+template <int DP, int kTeam, typename T>
+__device__ void tile_table_products(Team<kTeam> team, acc_t<T>* dst, const T* X, const T* Ts,
+                                    const Args<T>& a) {
+  gemm_nt<DP, true>(team, dst, a.L3p, X, Ts, a.L3p / 16);
 }
 
-// A warp's share of a kBM x DP accumulator kept in registers across key blocks.
+// A warp's share of a kBM x DP accumulator kept in registers across key blocks, spread over a team of kWarps warps
+// (the CTA of the forward, a group of the backward).
 template <int DP, typename T>
 struct OutTiles {
   static constexpr int kColTiles = DP / 16, kTiles = (kBM / 16) * kColTiles;
@@ -497,8 +525,8 @@ struct OutTiles {
   // += X · Y with X (kBM x K, pitch ldx) row-major, or stored transposed (column-major) if XT; Y (K x DP)
   // row-major. X is P or dS (kBM x kBM) or, for fp32 (kHistTiles), a histogram (kBM x L3p).
   template <bool XT>
-  __device__ void mma(const T* X, int ldx, const T* Y, int K) {
-    const int warp = threadIdx.x / 32;
+  __device__ void mma(Team<kThreads> team, const T* X, int ldx, const T* Y, int K) {
+    const int warp = team.warp();
 #pragma unroll
     for (int i = 0; i < kPerWarp; ++i) {
       const int tile = warp + i * kWarps;
@@ -512,8 +540,8 @@ struct OutTiles {
     for (int i = 0; i < kPerWarp; ++i) t[i].scale(f);
   }
   // Row r of the accumulator times f[r] (kBM factors in shared memory).
-  __device__ void scale_rows(const T* f) {
-    const int warp = threadIdx.x / 32;
+  __device__ void scale_rows(Team<kThreads> team, const T* f) {
+    const int warp = team.warp();
 #pragma unroll
     for (int i = 0; i < kPerWarp; ++i) {
       const int tile = warp + i * kWarps;
@@ -521,8 +549,8 @@ struct OutTiles {
       t[i].scale_rows(f + tile / kColTiles * 16);
     }
   }
-  __device__ void store(acc_t<T>* O) const {
-    const int warp = threadIdx.x / 32;
+  __device__ void store(Team<kThreads> team, acc_t<T>* O) const {
+    const int warp = team.warp();
 #pragma unroll
     for (int i = 0; i < kPerWarp; ++i) {
       const int tile = warp + i * kWarps;
@@ -634,13 +662,14 @@ template <typename T> constexpr bool kHistTiles = std::is_same_v<T, float>;
 
 // Table gradient of one tile: slot[n][h][c] += f · Σ_r hist[r][n] · X[r][c] into this CTA's own slot of
 // dst (slots, L, 3, H, d), which no other CTA touches (summed over slots on the host).
-template <int DP, typename T>
-__device__ void table_grad(acc_t<T>* dst, const acc_t<T>* hist, const T* X, const Args<T>& a, int h, acc_t<T> f) {
+template <int DP, int kTeam, typename T>
+__device__ void table_grad(Team<kTeam> team, acc_t<T>* dst, const acc_t<T>* hist, const T* X,
+                           const Args<T>& a, int h, acc_t<T> f) {
   using A = acc_t<T>;
   dst += (int64_t)blockIdx.x * a.L3 * a.H * a.d;
   if constexpr (kHistTiles<T>) {  // 16 table rows x 16 columns per warp tile, A = histᵀ (kBM x L3p, pitch L3p)
     constexpr int kColTiles = DP / 16;
-    for (int tile = threadIdx.x / 32; tile < a.L3p / 16 * kColTiles; tile += kWarps) {
+    for (int tile = team.warp(); tile < a.L3p / 16 * kColTiles; tile += Team<kTeam>::kWarpCount) {
       const int n0 = tile / kColTiles * 16, c0 = tile % kColTiles * 16;
       Tile<T> c;
       c.zero();
@@ -650,33 +679,36 @@ __device__ void table_grad(acc_t<T>* dst, const acc_t<T>* hist, const T* X, cons
         if (n < a.L3 && col < a.d && g != A(0)) dst[((int64_t)n * a.H + h) * a.d + col] += f * g;
       });
     }
-    return;
-  }
-  for (int idx = threadIdx.x; idx < a.L3 * a.d; idx += kThreads) {
-    const int n = idx / a.d, c = idx % a.d;
-    A g = 0;
-    for (int r = 0; r < kBM; ++r) g += hist[r * a.L3p + n] * widen(X[r * kLDT<DP> + c]);
-    if (g != A(0)) dst[((int64_t)n * a.H + h) * a.d + c] += f * g;
+  } else {
+    for (int idx = team.tid(); idx < a.L3 * a.d; idx += kTeam) {
+      const int n = idx / a.d, c = idx % a.d;
+      A g = 0;
+      for (int r = 0; r < kBM; ++r) g += hist[r * a.L3p + n] * widen(X[r * kLDT<DP> + c]);
+      if (g != A(0)) dst[((int64_t)n * a.H + h) * a.d + c] += f * g;
+    }
   }
 }
 
 // out[r][c] = f · (O[r][c] + Σ_n hist[r][n] · Ts[n][c]) (the sum only with_hist) for rows [t0, t0 + n) of head h.
-template <int DP, typename T>
-__device__ void write_rows(T* out, const acc_t<T>* O, bool with_hist, const acc_t<T>* hist, const T* Ts,
-                           const Args<T>& a, int t0, int n, int h, acc_t<T> f) {
+// kParts > 1: O is the sum of that many partial tiles, `part_stride` elements apart, added in order.
+template <int DP, int kParts = 1, int kTeam, typename T>
+__device__ void write_rows(Team<kTeam> team, T* out, const acc_t<T>* O, bool with_hist, const acc_t<T>* hist,
+                           const T* Ts, const Args<T>& a, int t0, int n, int h, acc_t<T> f, size_t part_stride = 0) {
   using A = acc_t<T>;
-  for (int idx = threadIdx.x; idx < n * a.d; idx += kThreads) {
+  for (int idx = team.tid(); idx < n * a.d; idx += kTeam) {
     const int r = idx / a.d, c = idx % a.d;
     A val = O[r * kLDO<DP> + c];
+#pragma unroll
+    for (int part = 1; part < kParts; ++part) val += O[part * part_stride + r * kLDO<DP> + c];
     if (with_hist)
       for (int m = 0; m < a.L3; ++m) val += hist[r * a.L3p + m] * widen(Ts[m * kLDT<DP> + c]);
     out[((int64_t)(t0 + r) * a.H + h) * a.d + c] = narrow<T>(f * val);
   }
 }
 
-template <typename A>
-__device__ void zero_smem(A* p, int n) {
-  for (int i = threadIdx.x; i < n; i += kThreads) p[i] = A(0);
+template <int kTeam, typename A>
+__device__ void zero_smem(Team<kTeam> team, A* p, int n) {
+  for (int i = team.tid(); i < n; i += kTeam) p[i] = A(0);
 }
 
 // ----------------------------------------------------------------------------------------------- host
@@ -688,30 +720,37 @@ size_t smem_bytes(const Args<T>& a) {
   return b.off + 128;
 }
 
-// Dynamic shared memory of `kernel`, after checking it fits; opts in above the 48 KB default.
-template <typename Smem, typename T>
-size_t prepare(void (*kernel)(const Args<T>), const Args<T>& a, const char* name) {
-  const size_t bytes = smem_bytes<Smem>(a);
-  const auto* prop = at::cuda::getCurrentDeviceProperties();
-  SPTR_CHECK_VALUE(bytes <= prop->sharedMemPerBlockOptin, name, ": head_dim ", a.d, " with table length ",
-                    a.L3 / 3, " needs ", bytes, " bytes of shared memory, the device has ",
-                    prop->sharedMemPerBlockOptin, "; use shorter tables or the step-by-step ops");
+// Dynamic shared memory of `kernel` if it fits the device (opting in above 48 KB), else 0.
+template <typename Kernel>
+size_t fit_smem(Kernel* kernel, size_t bytes) {
+  if (bytes > at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin) return 0;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
   return bytes;
 }
 
+// Dynamic shared memory of `kernel`, after checking it fits; opts in above the 48 KB default.
+template <typename Smem, typename T>
+size_t prepare(void (*kernel)(const Args<T>), const Args<T>& a, const char* name) {
+  const size_t need = smem_bytes<Smem>(a), bytes = fit_smem(kernel, need);
+  SPTR_CHECK_VALUE(bytes > 0, name, ": head_dim ", a.d, " with table length ", a.L3 / 3, " needs ", need,
+                    " bytes of shared memory, the device has ",
+                    at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin,
+                    "; use shorter tables or the step-by-step ops");
+  return bytes;
+}
+
 template <typename T>
-void launch(void (*kernel)(const Args<T>), const Args<T>& a, int grid_x, size_t bytes) {
-  kernel<<<dim3(grid_x, a.H), kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(a);
+void launch(void (*kernel)(const Args<T>), const Args<T>& a, int grid_x, size_t bytes, int threads = kThreads) {
+  kernel<<<dim3(grid_x, a.H), threads, bytes, at::cuda::getCurrentCUDAStream()>>>(a);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Backward CTAs are persistent (each owns a slot of the table-gradient partials): as many as fit at once,
 // spread over `rows` grid rows, at most `work` in a row.
 template <typename T>
-int persistent_grid(void (*kernel)(const Args<T>), size_t bytes, int work, int rows) {
+int persistent_grid(void (*kernel)(const Args<T>), size_t bytes, int work, int rows, int threads = kThreads) {
   int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, bytes));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, bytes));
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   return std::max(1, std::min(work, std::max(1, per_sm) * sms / rows));
 }

@@ -2,7 +2,9 @@
 //
 // permute: a counting sort over experts in three small kernels (per-chunk expert histograms, one flat
 // exclusive scan over the expert-major histogram table, which directly gives every chunk's first row per
-// expert, then ranks inside each chunk), and a row gather with 16-byte loads where the rows allow it.
+// expert, then ranks inside each chunk), and a row gather with 16-byte loads where the rows allow it. On sm_90+
+// each of the four is launched while the one before it still runs (programmatic dependent launch), so the
+// chain does not wait for a launch at every step.
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
 
@@ -22,6 +24,7 @@ constexpr int64_t kMaxExpertsCuda = 8192;
 
 __global__ void moe_count_kernel(IntView ids, int64_t slots, int64_t E, int32_t* hist, int64_t chunks) {
   extern __shared__ int32_t counts[];
+  allow_next_grid();
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
   const int64_t s = blockIdx.x * (int64_t)kChunk + threadIdx.x;
@@ -95,6 +98,8 @@ __device__ void expert_layout(const int32_t* first, int64_t stride, int64_t tota
 __global__ void moe_scan_kernel(int32_t* hist, int64_t E, int64_t chunks, int64_t num_out, int64_t align,
                                 int64_t* tokens_per_expert, int64_t* offsets, int64_t* delta, int64_t* kept_end) {
   __shared__ int64_t warp_sums[32];
+  wait_for_previous_grid();
+  allow_next_grid();
   const int64_t total = block_exclusive_scan(hist, E * chunks, warp_sums);
   if (threadIdx.x == 0) expert_layout(hist, chunks, total, E, num_out, align, tokens_per_expert, offsets, delta, kept_end);
 }
@@ -104,6 +109,8 @@ __global__ void moe_rank_kernel(IntView ids, int64_t slots, int64_t T, int64_t K
                                 const int32_t* first, int64_t chunks, const int64_t* delta,
                                 const int64_t* kept_end, int32_t* row_id_map, int32_t* src_token) {
   __shared__ int32_t chunk_ids[kChunk];
+  wait_for_previous_grid();
+  allow_next_grid();
   const int64_t s = blockIdx.x * (int64_t)kChunk + threadIdx.x;
   int64_t e = s < slots ? ids[s] : -1;
   if (e < 0 || e >= E) e = -1;
@@ -146,6 +153,7 @@ __global__ void moe_gather_rows_kernel(const T* __restrict__ x, const int32_t* _
                                        const int64_t* offsets, const int64_t* kept, int64_t E, int64_t rows,
                                        int64_t tokens, int64_t cols, T* __restrict__ out) {
   using VT = Vec<T, V>;
+  wait_for_previous_grid();
   for (int64_t r = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; r < rows; r += (int64_t)gridDim.x * blockDim.y) {
     const int64_t t = kept_row(offsets, kept, E, r) ? src[r] : -1;
     VT* o = reinterpret_cast<VT*>(out + r * cols * V);
@@ -261,10 +269,10 @@ void launch_gather(const at::Tensor& x, const int32_t* src, const at::Tensor& of
                    at::Tensor& out) {
   const int64_t cols = x.size(1) / V;
   const dim3 block = row_block(cols);
-  moe_gather_rows_kernel<T, V><<<row_grid(out.size(0), block), block, 0, at::cuda::getCurrentCUDAStream()>>>(
-      x.const_data_ptr<T>(), src, offsets.const_data_ptr<int64_t>(), kept.const_data_ptr<int64_t>(), kept.numel(),
-      out.size(0), x.size(0), cols, out.mutable_data_ptr<T>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_after_previous(moe_gather_rows_kernel<T, V>, dim3(row_grid(out.size(0), block)), block, 0,
+                        at::cuda::getCurrentCUDAStream(), x.const_data_ptr<T>(), src,
+                        offsets.const_data_ptr<int64_t>(), kept.const_data_ptr<int64_t>(), kept.numel(), out.size(0),
+                        x.size(0), cols, out.mutable_data_ptr<T>());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute_cuda(const at::Tensor& x_in,
@@ -292,18 +300,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute_cuda(cons
     moe_count_kernel<<<chunks, kChunk, E * sizeof(int32_t), stream>>>(iv, slots, E, hist, chunks);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  moe_scan_kernel<<<1, kScanThreads, 0, stream>>>(hist, E, chunks, num_out, align,
-                                                  tokens_per_expert.mutable_data_ptr<int64_t>(),
-                                                  offsets.mutable_data_ptr<int64_t>(),
-                                                  scratch64.mutable_data_ptr<int64_t>(),
-                                                  scratch64.mutable_data_ptr<int64_t>() + E);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_after_previous(moe_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream, hist, E, chunks, num_out, align,
+                        tokens_per_expert.mutable_data_ptr<int64_t>(), offsets.mutable_data_ptr<int64_t>(),
+                        scratch64.mutable_data_ptr<int64_t>(), scratch64.mutable_data_ptr<int64_t>() + E);
   if (chunks > 0) {
-    moe_rank_kernel<<<chunks, kChunk, 0, stream>>>(iv, slots, T, K, E, hist, chunks,
-                                                   scratch64.const_data_ptr<int64_t>(),
-                                                   scratch64.const_data_ptr<int64_t>() + E,
-                                                   row_id_map.mutable_data_ptr<int32_t>(), src);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_after_previous(moe_rank_kernel, dim3(static_cast<unsigned>(chunks)), dim3(kChunk), 0, stream, iv, slots,
+                          T, K, E, static_cast<const int32_t*>(hist), chunks, scratch64.const_data_ptr<int64_t>(),
+                          scratch64.const_data_ptr<int64_t>() + E, row_id_map.mutable_data_ptr<int32_t>(), src);
   }
   if (rows > 0 && H > 0) {
     SPTR_DISPATCH_FLOATING(x.scalar_type(), "moe_permute_cuda", [&] {

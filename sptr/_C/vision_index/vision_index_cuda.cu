@@ -2,9 +2,12 @@
 // Vision grids: every CTA builds the per-grid table (prefix sums over the grids) in shared memory from the
 // device grid_thw, then computes its output elements in closed form. rope_index: one CTA per row compacts
 // the row and counts its vision blocks, takes the global grid counters from the rows before it (decoupled
-// look-back over published counts), then thread 0 walks the row's blocks and all threads fill positions.
+// look-back over published counts, or after a grid-wide barrier), then thread 0 walks the row's blocks and all
+// threads fill positions.
 #include <array>
 #include <mutex>
+
+#include <cooperative_groups.h>
 
 #include <torch/library.h>
 
@@ -167,15 +170,18 @@ __device__ V block_inclusive_scan(V v, Op op, V* warp_totals, V& total) {
 // Published block counts of one row for the look-back: bit 63 = ready, bits 32..62 videos, 0..31 images.
 constexpr unsigned long long kReady = 1ull << 63;
 
-// One CTA per row, rows taken in launch order through `ticket` (a CTA only waits for rows whose CTAs already
-// run, so the look-back cannot deadlock). The row is compacted (ids x, slots valid), its image / video blocks
-// counted and published in status[b]; the global grid counters at its start are the sums of the counts of
-// rows < b. A suffix-min scan gives every position its next image and video token, so thread 0's walk over
+// One CTA per row. The row is compacted (ids x, slots valid), its image / video blocks counted and published in
+// status[b]; the global grid counters at its start are the sums of the counts of rows < b. kGridSync: a
+// cooperative launch (every row's CTA resident at once), row b = CTA b, and the counts are read after a
+// grid-wide barrier, so status needs no zeroing (which would be a second launch). Otherwise rows are taken in
+// launch order through `ticket` (a CTA only waits for rows whose CTAs already run, so the look-back cannot
+// deadlock), and status and ticket start zeroed. A suffix-min scan gives every position its next image and video token, so thread 0's walk over
 // the row's blocks does O(1) work per block; then all threads fill the positions. The row's arrays (x, valid,
 // next image, next video: S words each, then S / 2 + 1 blocks, then the row's grids and seconds: S / 2 + 1
 // slots of four words) live in dynamic shared memory when `row_in_shared` (the walk and the fills then read
 // on-chip memory only, not L2), else in the global scratch (x, valid [B, S], next [2, B, S], blocks; the walk
-// then reads the grids where they are). status and ticket start zeroed.
+// then reads the grids where they are).
+template <bool kGridSync>
 __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
     const int64_t* ids, const int64_t* mask, int64_t B, int64_t S, RopeIndexConfig cfg, int64_t* x, int64_t* valid,
     int64_t* next, unsigned long long* status, unsigned int* ticket, VisionBlock* blocks, int64_t* pos,
@@ -186,7 +192,7 @@ __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
   __shared__ unsigned long long counts[2], before[2];
   __shared__ int64_t row_index, nb, tail_st, tail_nxt;
   __shared__ long long row_max;
-  if (threadIdx.x == 0) row_index = atomicAdd(ticket, 1u);
+  if (threadIdx.x == 0) row_index = kGridSync ? blockIdx.x : atomicAdd(ticket, 1u);
   if (threadIdx.x < 2) counts[threadIdx.x] = before[threadIdx.x] = 0;
   __syncthreads();
   const int64_t b = row_index, block_slots = S / 2 + 1;
@@ -229,11 +235,13 @@ __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
   }
   __syncthreads();
   if (threadIdx.x == 0) atomicExch(&status[b], kReady | (counts[1] << 32) | counts[0]);
+  if constexpr (kGridSync) cooperative_groups::this_grid().sync();
   // Look-back: every earlier row's published counts, read in parallel.
   unsigned long long img = 0, vid = 0;
   for (int64_t r = threadIdx.x; r < b; r += blockDim.x) {
     unsigned long long v;
     while (!((v = *reinterpret_cast<volatile unsigned long long*>(&status[r])) & kReady)) {
+      // never spins after the grid barrier
     }
     img += v & 0xffffffffull;
     vid += (v >> 32) & 0x7fffffffull;
@@ -303,8 +311,9 @@ int64_t rope_index_shared_limit() {
   std::call_once(raised[device], [&] {
     const auto* props = at::cuda::getCurrentDeviceProperties();
     const int64_t bytes = static_cast<int64_t>(props->sharedMemPerBlockOptin) - 1024;  // static shared memory
-    C10_CUDA_CHECK(cudaFuncSetAttribute(rope_index_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(bytes)));
+    for (const void* kernel : {reinterpret_cast<const void*>(rope_index_kernel<true>),
+                               reinterpret_cast<const void*>(rope_index_kernel<false>)})
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
     limit[device] = bytes;
   });
   return limit[device];
@@ -393,9 +402,14 @@ std::tuple<at::Tensor, at::Tensor> rope_index_cuda(const at::Tensor& input_ids, 
   auto pos = at::empty({3, B, S}, opts), delta = at::empty({B, 1}, opts);
   if (B == 0) return {pos, delta};
   SPTR_CHECK_VALUE(B < (int64_t(1) << 31), "input_ids has too many rows for the CUDA kernel: ", B);
-  auto status = at::zeros({B + 1}, opts);  // B published counts and the row ticket: one fill
-  auto* st = reinterpret_cast<unsigned long long*>(status.mutable_data_ptr<int64_t>());
   SPTR_CHECK_VALUE(S < INT_MAX, "input_ids has too many columns for the CUDA kernel: ", S);
+  // Up to one row per SM the rows' CTAs are resident together (one CTA of kRowThreads fits an SM whenever the
+  // kernel fits at all): a cooperative launch, whose grid barrier replaces the zeroed look-back flags and so
+  // the fill before the kernel. More rows: the look-back over flags zeroed by one fill.
+  const bool grid_sync = B <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  // B published counts and the row ticket
+  auto status = grid_sync ? at::empty({B + 1}, opts) : at::zeros({B + 1}, opts);
+  auto* st = reinterpret_cast<unsigned long long*>(status.mutable_data_ptr<int64_t>());
   // Per row: x, valid, next image, next video (S words each), the blocks, the row's grids and seconds.
   const int64_t block_slots = S / 2 + 1;
   const int64_t row_bytes = (4 * S + 4 * block_slots) * static_cast<int64_t>(sizeof(int64_t)) +
@@ -410,12 +424,21 @@ std::tuple<at::Tensor, at::Tensor> rope_index_cuda(const at::Tensor& input_ids, 
     blocks = at::empty({B * block_slots * static_cast<int64_t>(sizeof(VisionBlock) / sizeof(int64_t))}, opts);
   }
   const auto ptr = [](at::Tensor& t) { return t.defined() ? t.mutable_data_ptr<int64_t>() : nullptr; };
-  rope_index_kernel<<<B, kRowThreads, row_in_shared ? row_bytes : 0, at::cuda::getCurrentCUDAStream()>>>(
-      in.ids.const_data_ptr<int64_t>(), in.mask.defined() ? in.mask.const_data_ptr<int64_t>() : nullptr, B, S,
-      in.cfg, ptr(x), ptr(valid), ptr(next), st, reinterpret_cast<unsigned int*>(st + B),
-      reinterpret_cast<VisionBlock*>(ptr(blocks)), pos.mutable_data_ptr<int64_t>(), delta.mutable_data_ptr<int64_t>(),
-      row_in_shared);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(B));
+  config.blockDim = dim3(kRowThreads);
+  config.dynamicSmemBytes = row_in_shared ? static_cast<size_t>(row_bytes) : 0;
+  config.stream = at::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute cooperative{};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  config.attrs = &cooperative;
+  config.numAttrs = grid_sync ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(
+      &config, grid_sync ? rope_index_kernel<true> : rope_index_kernel<false>, in.ids.const_data_ptr<int64_t>(),
+      in.mask.defined() ? in.mask.const_data_ptr<int64_t>() : nullptr, B, S, in.cfg, ptr(x), ptr(valid), ptr(next),
+      st, reinterpret_cast<unsigned int*>(st + B), reinterpret_cast<VisionBlock*>(ptr(blocks)),
+      pos.mutable_data_ptr<int64_t>(), delta.mutable_data_ptr<int64_t>(), row_in_shared));
   return {pos, delta};
 }
 

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 namespace sptr {
 
@@ -16,5 +17,39 @@ inline unsigned int grid_for(int64_t n, int threads) {
 
 #define SPTR_GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
+
+// Programmatic dependent launch (sm_90+): a kernel started by launch_after_previous may begin while the kernel
+// before it on the stream still runs, so it calls wait_for_previous_grid() before touching memory at all (the
+// wait returns once that kernel has finished and its writes are visible; a no-op for an ordinary launch and
+// before sm_90). allow_next_grid() lets the next such kernel be launched now instead of at this kernel's end:
+// its launch then overlaps this kernel's work, which is what chains of small kernels lose most time to.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_next_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the previous kernel on the
+// stream on sm_90+ (an ordinary launch elsewhere); the kernel must start with wait_for_previous_grid().
+template <typename... Params, typename... Args>
+void launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                           Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &overlap;
+  config.numAttrs = at::cuda::getCurrentDeviceProperties()->major >= 9 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
 
 }  // namespace sptr
