@@ -58,9 +58,10 @@ fi
   -k "${SANITIZER_K:-cuda and not big_windows and not random_batches}" 2>&1 | tee "$OUT/memcheck.log" | tail -4
 # Shared-memory races and barrier misuse (compute-sanitizer's racecheck and synccheck; slow: name a few small
 # cases) when RACE_K is set, e.g. "cuda and sphereformer_table and dtype2 and False" (the test's dtype ids:
-# dtype2 is float32; False: cubic tables) for the fp32 backward's two groups and their named barriers; one log per tool. First racecheck_named_barriers.cu, a race-free probe: whether racecheck
-# itself reports hazards across CTA barriers after two groups ran unequal numbers of named barriers (the ninth
-# session's racecheck reports on the two-group kernels had that shape; benchmarks/RESULTS.md).
+# dtype2 is float32; False: cubic tables) for the fp32 backward's two groups and their named barriers; one log
+# per tool. First racecheck_named_barriers.cu, a race-free probe: whether racecheck itself reports hazards
+# across CTA barriers after two groups ran unequal numbers of named barriers (the ninth session's racecheck
+# reports on the two-group kernels had that shape; benchmarks/RESULTS.md).
 if [ -n "${RACE_K:-}" ] && nvcc -arch=sm_90 -o /tmp/racecheck_probe benchmarks/racecheck_named_barriers.cu; then
   for rounds in 0 1; do
     compute-sanitizer --tool racecheck /tmp/racecheck_probe $rounds 2>&1 | grep -E "equal rounds|SUMMARY"

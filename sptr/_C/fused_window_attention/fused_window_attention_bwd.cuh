@@ -9,7 +9,6 @@
 #pragma once
 #include <sptr/dispatch.h>
 
-
 #include <optional>
 #include <type_traits>
 
@@ -104,6 +103,7 @@ struct DqGroupSmem {
 template <int DP, typename T, int G>
 struct DqSmem {
   using A = acc_t<T>;
+  static constexpr int kGroups = G;
   GroupBuffers<DqGroupSmem<DP, T>, G> groups;
   T *Q, *dO;
   A *lse, *delta;
@@ -281,6 +281,7 @@ struct DkvGroupSmem {
 template <int DP, typename T, int G>
 struct DkvSmem {
   using A = acc_t<T>;
+  static constexpr int kGroups = G;
   GroupBuffers<DkvGroupSmem<DP, T>, G> groups;
   T *K, *V;
   int* tile_slot;  // next_tile's
@@ -759,15 +760,15 @@ struct TileBackward {
   int threads, grid;
 };
 
-// `kernel` (`groups` teams of kThreads) and its launch shape, or nothing where its shared memory does not fit,
-// which is a clear error if it is `required`.
+// `kernel` (Smem::kGroups teams of kThreads) and its launch shape, or nothing where its shared memory does not
+// fit, which is a clear error if it is `required`.
 template <typename Smem, typename T>
-std::optional<TileBackward<T>> tile_backward(void (*kernel)(const Args<T>), const Args<T>& a, int groups,
-                                             int ntiles, bool required) {
+std::optional<TileBackward<T>> tile_backward(void (*kernel)(const Args<T>), const Args<T>& a, int ntiles,
+                                             bool required) {
   const size_t bytes = required ? prepare<Smem>(kernel, a, "window_attention backward")
                                 : fit_smem(kernel, smem_bytes<Smem>(a));
   if (bytes == 0) return std::nullopt;
-  const int threads = groups * kThreads;
+  const int threads = Smem::kGroups * kThreads;
   return TileBackward<T>{kernel, bytes, threads, persistent_grid(kernel, bytes, ntiles, a.H, threads)};
 }
 
@@ -859,11 +860,11 @@ void window_attention_bwd_head_dim(const FusedOperands& o, BackwardTensors& t, d
       const int ntiles = num_tiles(o);
       std::optional<TileBackward<T>> dq, dkv;
       if constexpr (REL && std::is_same_v<T, float>) {  // two groups per CTA where they fit
-        dq = tile_backward<DqSmem<DP, T, 2>>(bwd_dq_kernel<DP, T, REL, 2>, a, 2, ntiles, false);
-        dkv = tile_backward<DkvSmem<DP, T, 2>>(bwd_dkv_kernel<DP, T, REL, 2>, a, 2, ntiles, false);
+        dq = tile_backward<DqSmem<DP, T, 2>>(bwd_dq_kernel<DP, T, REL, 2>, a, ntiles, false);
+        dkv = tile_backward<DkvSmem<DP, T, 2>>(bwd_dkv_kernel<DP, T, REL, 2>, a, ntiles, false);
       }
-      if (!dq) dq = tile_backward<DqSmem<DP, T, 1>>(bwd_dq_kernel<DP, T, REL, 1>, a, 1, ntiles, true);
-      if (!dkv) dkv = tile_backward<DkvSmem<DP, T, 1>>(bwd_dkv_kernel<DP, T, REL, 1>, a, 1, ntiles, true);
+      if (!dq) dq = tile_backward<DqSmem<DP, T, 1>>(bwd_dq_kernel<DP, T, REL, 1>, a, ntiles, true);
+      if (!dkv) dkv = tile_backward<DkvSmem<DP, T, 1>>(bwd_dkv_kernel<DP, T, REL, 1>, a, ntiles, true);
       make_slots(dq->grid, dkv->grid);
       a.tile_counter = t.counters.data_ptr<int32_t>();
       launch(dq->kernel, a, dq->grid, dq->bytes, dq->threads);  // also writes delta, read by the key side

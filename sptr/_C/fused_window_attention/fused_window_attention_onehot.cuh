@@ -15,11 +15,11 @@ __device__ __forceinline__ int onehot_rel(int c, int u, int shift, int L) {
   return clamp_rel(QUERY ? c - u + shift : u - c + shift, L);
 }
 
-// One-hot and tilde rows are written in runs of 8 columns (one 16-byte store): a run's (row, axis) is fixed, so
-// the coordinate and row addresses are worked out once per run, with shifts and constant divisions. A row's
-// runs past the three axes (up to kOneHotKP columns) are zero: the last k-step's padding.
+// One-hot and tilde rows are written in runs of 8 columns (one 16-byte store): run r of a row is its 8-column
+// group r (mma::onehot_axis, mma::onehot_cell0), whose (row, axis) is fixed, so the coordinate and row addresses
+// are worked out once per run, with shifts and constant divisions. A row's runs past the three axes (up to
+// kOneHotKP columns) are zero: the last k-step's padding.
 constexpr int kOneHotRun = 8;
-constexpr int kOneHotRuns = mma::kOneHot / kOneHotRun;  // runs per (row, axis)
 constexpr int kOneHotRowRuns = mma::kOneHotKP / kOneHotRun;  // runs per row, padding included
 
 // Tilde rows (hi and lo planes, [row][kOneHotLd] 16-bit) of ROWS tokens from their table products (hi and lo
@@ -30,12 +30,12 @@ __device__ void onehot_tilde(T* til, T* til_lo, const T* prod, const T* prod_lo,
                              int shift) {
   using namespace mma;
   for (int idx = threadIdx.x; idx < 2 * ROWS * kOneHotRowRuns; idx += kThreads) {
-    const int run = idx % kOneHotRowRuns, pj = idx / kOneHotRowRuns;  // pj = plane·ROWS + j; run = a·runs + r
+    const int run = idx % kOneHotRowRuns, pj = idx / kOneHotRowRuns;  // pj = plane·ROWS + j
     const int j = pj % ROWS, plane = pj / ROWS;
     T* out = (plane ? til_lo : til) + j * kOneHotLd + run * kOneHotRun;
     uint32_t w[kOneHotRun / 2] = {};
-    if (run < 3 * kOneHotRuns) {
-      const int a = run / kOneHotRuns, u0 = run % kOneHotRuns * kOneHotRun, c = coords[j * 3 + a];
+    if (run < 3 * kOneHotGroups) {
+      const int a = onehot_axis(run), u0 = onehot_cell0(run), c = coords[j * 3 + a];
       const uint16_t* row = reinterpret_cast<const uint16_t*>(plane ? prod_lo : prod) + j * lp + a;
 #pragma unroll
       for (int k = 0; k < kOneHotRun / 2; ++k) {
@@ -92,10 +92,10 @@ template <int ROWS, typename T>
 __device__ __forceinline__ void onehot_block(T* E, const int* coords) {
   using namespace mma;
   for (int idx = threadIdx.x; idx < ROWS * kOneHotRowRuns; idx += kThreads) {
-    const int run = idx % kOneHotRowRuns, j = idx / kOneHotRowRuns;  // run = a·runs + r
+    const int run = idx % kOneHotRowRuns, j = idx / kOneHotRowRuns;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (run < 3 * kOneHotRuns) {
-      const int c = coords[j * 3 + run / kOneHotRuns] - run % kOneHotRuns * kOneHotRun;
+    if (run < 3 * kOneHotGroups) {
+      const int c = coords[j * 3 + onehot_axis(run)] - onehot_cell0(run);
       v = make_uint4(onehot2<T>(c, c - 1, 0), onehot2<T>(c, c - 1, 2), onehot2<T>(c, c - 1, 4), onehot2<T>(c, c - 1, 6));
     }
     *reinterpret_cast<uint4*>(E + j * kOneHotLd + run * kOneHotRun) = v;

@@ -33,7 +33,7 @@ constexpr int kLDP = kBM + 8;
 // so warp-level code (tiles, shuffles) is the same in every team.
 template <int kSize>
 struct Team {
-  static constexpr int kCount = kSize, kWarpCount = kSize / 32;
+  static constexpr int kWarpCount = kSize / 32;
   int index;
   int barrier;  // 0: the CTA's barrier; else a named barrier of this team's threads alone
   // The thread's index in the team; the range told to the compiler, which it cannot see through a struct field

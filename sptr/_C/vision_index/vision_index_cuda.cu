@@ -175,8 +175,8 @@ constexpr unsigned long long kReady = 1ull << 63;
 // cooperative launch (every row's CTA resident at once), row b = CTA b, and the counts are read after a
 // grid-wide barrier, so status needs no zeroing (which would be a second launch). Otherwise rows are taken in
 // launch order through `ticket` (a CTA only waits for rows whose CTAs already run, so the look-back cannot
-// deadlock), and status and ticket start zeroed. A suffix-min scan gives every position its next image and video token, so thread 0's walk over
-// the row's blocks does O(1) work per block; then all threads fill the positions. The row's arrays (x, valid,
+// deadlock), and status and ticket start zeroed. A suffix-min scan gives every position its next image and
+// video token, so thread 0's walk over the row's blocks does O(1) work per block; then all threads fill the positions. The row's arrays (x, valid,
 // next image, next video: S words each, then S / 2 + 1 blocks, then the row's grids and seconds: S / 2 + 1
 // slots of four words) live in dynamic shared memory when `row_in_shared` (the walk and the fills then read
 // on-chip memory only, not L2), else in the global scratch (x, valid [B, S], next [2, B, S], blocks; the walk
@@ -424,21 +424,15 @@ std::tuple<at::Tensor, at::Tensor> rope_index_cuda(const at::Tensor& input_ids, 
     blocks = at::empty({B * block_slots * static_cast<int64_t>(sizeof(VisionBlock) / sizeof(int64_t))}, opts);
   }
   const auto ptr = [](at::Tensor& t) { return t.defined() ? t.mutable_data_ptr<int64_t>() : nullptr; };
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(B));
-  config.blockDim = dim3(kRowThreads);
-  config.dynamicSmemBytes = row_in_shared ? static_cast<size_t>(row_bytes) : 0;
-  config.stream = at::cuda::getCurrentCUDAStream();
   cudaLaunchAttribute cooperative{};
   cooperative.id = cudaLaunchAttributeCooperative;
   cooperative.val.cooperative = 1;
-  config.attrs = &cooperative;
-  config.numAttrs = grid_sync ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(
-      &config, grid_sync ? rope_index_kernel<true> : rope_index_kernel<false>, in.ids.const_data_ptr<int64_t>(),
-      in.mask.defined() ? in.mask.const_data_ptr<int64_t>() : nullptr, B, S, in.cfg, ptr(x), ptr(valid), ptr(next),
-      st, reinterpret_cast<unsigned int*>(st + B), reinterpret_cast<VisionBlock*>(ptr(blocks)),
-      pos.mutable_data_ptr<int64_t>(), delta.mutable_data_ptr<int64_t>(), row_in_shared));
+  launch_with(grid_sync ? &cooperative : nullptr, grid_sync ? rope_index_kernel<true> : rope_index_kernel<false>,
+              dim3(static_cast<unsigned>(B)), dim3(kRowThreads), row_in_shared ? static_cast<size_t>(row_bytes) : 0,
+              at::cuda::getCurrentCUDAStream(), in.ids.const_data_ptr<int64_t>(),
+              in.mask.defined() ? in.mask.const_data_ptr<int64_t>() : nullptr, B, S, in.cfg, ptr(x), ptr(valid),
+              ptr(next), st, reinterpret_cast<unsigned int*>(st + B), reinterpret_cast<VisionBlock*>(ptr(blocks)),
+              pos.mutable_data_ptr<int64_t>(), delta.mutable_data_ptr<int64_t>(), row_in_shared);
   return {pos, delta};
 }
 

@@ -34,22 +34,32 @@ __device__ __forceinline__ void allow_next_grid() {
 #endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the previous kernel on the
-// stream on sm_90+ (an ordinary launch elsewhere); the kernel must start with wait_for_previous_grid().
+// kernel<<<grid, block, smem, stream>>>(args...) with a launch attribute (none if `attribute` is null).
 template <typename... Params, typename... Args>
-void launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                           Args&&... args) {
+void launch_with(const cudaLaunchAttribute* attribute, void (*kernel)(Params...), dim3 grid, dim3 block,
+                 size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
+  cudaLaunchAttribute attrs[1];
+  if (attribute != nullptr) attrs[0] = *attribute;
+  config.attrs = attrs;
+  config.numAttrs = attribute != nullptr ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the previous kernel on the
+// stream on sm_90+ (an ordinary launch elsewhere); the kernel must start with wait_for_previous_grid().
+template <typename... Params, typename... Args>
+void launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                           Args&&... args) {
   cudaLaunchAttribute overlap{};
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &overlap;
-  config.numAttrs = at::cuda::getCurrentDeviceProperties()->major >= 9 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  launch_with(at::cuda::getCurrentDeviceProperties()->major >= 9 ? &overlap : nullptr, kernel, grid, block, smem,
+              stream, std::forward<Args>(args)...);
 }
 
 }  // namespace sptr
