@@ -42,7 +42,7 @@ def torch_unpermute(y, order, probs):
     return out.to(y.dtype)
 
 
-def routing_rows():
+def routing_rows(impl_names=None):
     T, H = 6144, 2048
     x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
     rows = []
@@ -62,6 +62,8 @@ def routing_rows():
             ("same, torch.compile", lambda: compiled_permute(x, ids), lambda: compiled_unpermute(y_t, order, probs)),
         ]
         for name, fp, fu in impls:
+            if impl_names and name not in impl_names:
+                continue
             for op, fn in (("permute", fp), ("unpermute", fu)):
                 eager = time_ms(fn) * 1e3
                 try:
@@ -163,11 +165,12 @@ def ffn_rows():
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", default="routing,gemm,ffn")
+    parser.add_argument("--routing-impls", nargs="+", help="only these rows of the routing table (e.g. sptr)")
     args = parser.parse_args()
     warm_up_gpu()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     if "routing" in args.parts:
-        routing_rows()
+        routing_rows(args.routing_impls)
     if "gemm" in args.parts:
         gemm_rows([torch.bfloat16, torch.float16])
     if "ffn" in args.parts:

@@ -59,12 +59,13 @@ fi
 # Shared-memory races and barrier misuse (compute-sanitizer's racecheck and synccheck; slow: name a few small
 # cases) when RACE_K is set, e.g. "cuda and sphereformer_table and dtype2 and False" (the test's dtype ids:
 # dtype2 is float32; False: cubic tables) for the fp32 backward's two groups and their named barriers; one log
-# per tool. First racecheck_named_barriers.cu, a race-free probe: whether racecheck itself reports hazards
-# across CTA barriers after two groups ran unequal numbers of named barriers (the ninth session's racecheck
-# reports on the two-group kernels had that shape; benchmarks/RESULTS.md).
+# per tool. First racecheck_named_barriers.cu, a race-free probe in four modes: whether racecheck itself reports
+# hazards across CTA barriers after two groups ran unequal numbers of named barriers (modes 0-2), or when each
+# group barrier sits beside a predicated-off __syncthreads() (mode 3), the shape of the two-group kernels'
+# reports (benchmarks/RESULTS.md, tenth session).
 if [ -n "${RACE_K:-}" ] && nvcc -arch=sm_90 -o /tmp/racecheck_probe benchmarks/racecheck_named_barriers.cu; then
-  for rounds in 0 1; do
-    compute-sanitizer --tool racecheck /tmp/racecheck_probe $rounds 2>&1 | grep -E "equal rounds|SUMMARY"
+  for mode in 0 1 2 3; do
+    compute-sanitizer --tool racecheck /tmp/racecheck_probe $mode 2>&1 | grep -E "^mode|SUMMARY"
   done | tee "$OUT/racecheck_probe.log"
 fi
 for tool in ${RACE_K:+racecheck synccheck}; do

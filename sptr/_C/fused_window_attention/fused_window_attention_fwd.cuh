@@ -375,27 +375,31 @@ struct OneHotFwdSmem {
   __host__ __device__ OneHotFwdSmem(Bump& b, const Args<T>& a) : lp(a.L3p + 2), hlp(a.L3p + 4) {
     table = b.take<T>(a.L3p * LD);
     kc = b.take<int>(2 * BN * 3);
+    // The key loop's buffers. Before the loop they hold the tile's q·Tq products (qt, qt_lo: Q̃ is built from
+    // them into registers, and the CTA synchronised, before the first key block is loaded); after it, the
+    // value histogram hv.
+    char* const loop = next_take(b);
     K = b.take<T>(2 * BN * LD);
     V = b.take<T>(2 * BN * LD);
-    qt = b.take_if<T>(a.tq != nullptr, mma::kRows * lp);
-    // qt_lo shares the key-side buffers: Q̃ is made (and the CTA synchronised) before the loop that uses them.
-    char* const keys = next_take(b);
     kt = b.take_if<T>(a.tk != nullptr, BN * lp);
     kt_lo = b.take_if<T>(a.tk != nullptr, BN * lp);
     ktil = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
     ktil_lo = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
     E = b.take<T>(BN * mma::kOneHotLd);
-    qt_lo = reinterpret_cast<T*>(keys);
-    reserve_from(b, keys, a.tq != nullptr ? size_t(mma::kRows) * lp * sizeof(T) : 0);
-    hv = reinterpret_cast<float*>(K);
-    reserve_from(b, reinterpret_cast<char*>(K), a.tv != nullptr ? size_t(mma::kRows) * hlp * sizeof(float) : 0);
+    const size_t qt_bytes = align128(size_t(mma::kRows) * lp * sizeof(T));
+    qt = reinterpret_cast<T*>(loop);
+    qt_lo = reinterpret_cast<T*>(loop + qt_bytes);
+    reserve_from(b, loop, a.tq != nullptr ? 2 * qt_bytes : 0);
+    hv = reinterpret_cast<float*>(loop);
+    reserve_from(b, loop, a.tv != nullptr ? size_t(mma::kRows) * hlp * sizeof(float) : 0);
   }
 };
 
-// CTAs per multiprocessor: three at head dim 16 (168 registers, 4 bytes spilled with 24 cells; their shared
-// memory fits three, at head dim 32 it does not; 1.2-1.3x faster than two, benchmarks/RESULTS.md "Table path,
-// step 8"), two up to 64.
-template <int DP> constexpr int kOneHotMinBlocks = DP <= 16 ? 3 : (DP <= 64 ? 2 : 1);
+// CTAs per multiprocessor: three up to head dim 32 (168 registers; head dim 32 spills 32 bytes, read in the key
+// loop three words per block; 48 / 57 KB of shared memory at head dim 16 / 32 and L = 47, Q̃'s products lying
+// over the loop's buffers), two up to 64. Three were 1.2-1.3x faster than two at head dim 16 (benchmarks/RESULTS.md,
+// "Table path, step 8").
+template <int DP> constexpr int kOneHotMinBlocks = DP <= 32 ? 3 : (DP <= 64 ? 2 : 1);
 
 template <int DP, typename T>
 __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_onehot_kernel(const Args<T> a) {
@@ -444,7 +448,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
         }
       }
     }
-    __syncthreads();  // the table buffer takes Tk next; qt_lo's memory becomes the key-side buffers
+    __syncthreads();  // the table buffer takes Tk next; Q̃'s products' memory becomes the key loop's buffers
   }
   if (a.tk) {  // waited for with the first key block
     async_rows<DP, LD, kThreads>(sm.table, a.tk, a.H, 0, a.L3, a.L3p, h);
