@@ -397,8 +397,8 @@ struct OneHotFwdSmem {
 
 // CTAs per multiprocessor: three up to head dim 32 (168 registers; head dim 32 spills 32 bytes, read in the key
 // loop three words per block; 48 / 57 KB of shared memory at head dim 16 / 32 and L = 47, Q̃'s products lying
-// over the loop's buffers), two up to 64. Three were 1.2-1.3x faster than two at head dim 16 (benchmarks/RESULTS.md,
-// "Table path, step 8").
+// over the loop's buffers), two up to 64. Three were 1.2-1.3x faster than two at head dim 16 and 1.2x at head
+// dim 32 (benchmarks/RESULTS.md, "Table path, step 8" and the tenth session).
 template <int DP> constexpr int kOneHotMinBlocks = DP <= 32 ? 3 : (DP <= 64 ? 2 : 1);
 
 template <int DP, typename T>
