@@ -1,7 +1,8 @@
 """Where the fused window attention's forward time goes at ~270k voxels: the whole call (value checks
 included), the call without value checks, the op alone, and its CUDA kernels alone (torch.profiler); plus
 forward+backward. `--once` only runs the op three times, for `ncu -k regex:fwd_mma`; `--once --rel-pos` runs
-one forward+backward with SparseTransformer's three contextual tables, for `ncu -k regex:"fwd|bwd"`.
+one forward+backward with SparseTransformer's three contextual tables, for `ncu -k regex:"fwd|bwd"`;
+`--rel-pos` alone: the CUDA kernel time of one forward+backward with the tables, by kernel (torch.profiler).
 
 Run: python benchmarks/profile_fused_forward.py [--window 12] [--heads 4x32]
 """
@@ -63,6 +64,20 @@ def main():
             out = window_attention(q, k, v, lay["offsets"], rel_pos=RelativePosition(lay["coords"], QGL - 1, *tables))
             out.backward(torch.randn_like(out))
         torch.cuda.synchronize()
+        return
+    if args.rel_pos:
+        for dname in args.dtypes:
+            dtype = getattr(torch, dname)
+            q, k, v = (torch.randn(lay["N"], h, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+            tables = [(torch.randn(2 * QGL - 1, 3, h, d, device="cuda") * 0.05).to(dtype) for _ in range(3)]
+            rp = RelativePosition(lay["coords"], QGL - 1, *tables)
+            grad = torch.randn_like(q)
+            with data_checks(False):
+                kern = kernel_ms(lambda: window_attention(q, k, v, lay["offsets"], rel_pos=rp).backward(grad))
+            rows = sorted(([name, f"{t:.3f}"] for name, t in kern.items() if t >= 0.002), key=lambda r: -float(r[1]))
+            print(f"{dname}, window {args.window}, {args.heads}, with tables: ms per forward+backward, by kernel "
+                  f"(total {sum(kern.values()):.3f})")
+            print(table(rows, ["kernel", "ms"]))
         return
     if args.once:
         q = torch.randn(lay["N"], h, d, device="cuda", dtype=getattr(torch, args.dtypes[0]))

@@ -130,6 +130,28 @@ def test_sphereformer_table_length(device, dtype, radial, d):
     assert_matches_reference(q, k, v, offsets, rel_pos, 0.25, seed=14)
 
 
+def stored_heads_per_pass(counts, h, d, dtype):
+    """Heads per pass of the CUDA one-hot backward that stores P and dS (fused_window_attention_bwd.cuh: a
+    budget of 0.5x the q/k/v/out bytes in 4-byte words, one word per pair and head); 0: the recomputing kernels."""
+    words = sum(counts) * h * d * torch.finfo(dtype).bits // 8 // 2
+    return min(h, words // sum(n * n for n in counts))
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("window,per_pass", [(13, 4), (21, 3), (30, 2), (64, 1), (100, 0)],
+                         ids=["one-pass", "passes-of-3-and-1", "passes-of-2", "passes-of-1", "recomputed"])
+def test_onehot_backward_stored_pairs(device, dtype, window, per_pass):
+    """The CUDA one-hot backward's two forms at SphereFormer's table length, 4 heads of 16: P and dS stored by
+    the dk/dv kernel for the dq kernel in passes of as many heads as the buffer holds (all four, 3 + 1, 2 + 2,
+    one by one), or recomputed by both kernels where one head's pairs do not fit; windows around the regime's size, one of
+    1 token, one straddling the 64-row tiles."""
+    counts = [window] * 9 + [1, window + 7, window // 2]
+    assert stored_heads_per_pass(counts, 4, 16, dtype) == per_pass
+    q, k, v, offsets, rel_pos = make_case(counts, 4, 16, dtype, device, ("query", "key", "value"), seed=15, qgl=24)
+    assert_matches_reference(q, k, v, offsets, rel_pos, 0.25, seed=16)
+
+
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cells_past_the_one_hot_range(device, dtype):
@@ -249,8 +271,8 @@ def test_opcheck_cuda():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_deterministic_backward_is_bitwise_reproducible(dtype):
-    counts = [300] * 8 + [5] * 50
+@pytest.mark.parametrize("counts", [[300] * 8 + [5] * 50, [20] * 60], ids=["large-windows", "stored-pairs"])
+def test_deterministic_backward_is_bitwise_reproducible(dtype, counts):
     q, k, v, offsets, rel_pos = make_case(counts, 4, 16, dtype, "cuda", ("query", "key", "value"), seed=7,
                                           qgl=6)
     upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(8)).to("cuda")

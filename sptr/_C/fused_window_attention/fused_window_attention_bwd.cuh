@@ -772,12 +772,29 @@ std::optional<TileBackward<T>> tile_backward(void (*kernel)(const Args<T>), cons
   return TileBackward<T>{kernel, bytes, threads, persistent_grid(kernel, bytes, ntiles, a.H, threads)};
 }
 
+// The stored-pairs buffers of the one-hot backward (PairStore): the prefix of the tokens' window sizes and a
+// fixed budget of words, 0.5x the q/k/v/out bytes: issue 25 limits the extra peak memory to 2x them, and the
+// backward's other buffers take 1.26-1.33x (H100, 270k voxels; 0.6 measured 1.94-2.05x). M is known only on the
+// device (reading it would be a host sync), so the kernels work out how many heads fit per pass and fall back to
+// the recomputing kernels where not one does.
+inline at::Tensor window_prefix(const at::Tensor& bounds, int64_t N) {
+  at::Tensor off = at::zeros({N + 1}, bounds.options().dtype(at::kLong));
+  off.narrow(0, 1, N).copy_(at::cumsum(bounds.select(1, 1) - bounds.select(1, 0), 0, at::kLong));
+  return off;
+}
+inline int64_t pair_budget_words(const FusedOperands& o) {
+  return o.N * o.H * o.d * o.q.element_size() / 2;  // 0.5 · 4 tensors · bytes / 4 bytes per word
+}
+
 // The mma.sync backward (fp16/bf16, head dim 16..128 with aligned rows, its shared memory fits), or false
 // for the tile kernels. With tables, table-gradient slots (one per CTA) come from make_slots(grid). Cubic tables
 // (no radial bins) launch the one-hot kernels too, on their own persistent grids: a device flag set from the
-// coordinates tells them or the gather kernels to return at once, and the slots cover either grid.
+// coordinates tells them or the gather kernels to return at once, and the slots cover every grid. The one-hot
+// path has two forms: the dk/dv kernel storing P and dS for a light dq kernel, pass by pass of as many heads as
+// the buffer holds (H passes launched, the ones past the last head return at once), or, where not one head's
+// pairs fit, both kernels recomputing the logits.
 template <int DP, typename T, typename MakeSlots>
-bool launch_mma_backward(const FusedOperands& o, Args<T>& a, const MakeSlots& make_slots) {
+bool launch_mma_backward(const FusedOperands& o, const at::Tensor& bounds, Args<T>& a, const MakeSlots& make_slots) {
   if (!a.vec || (o.has_rel() && 3 * o.L > kMaxRows3)) return false;
   const auto stream = at::cuda::getCurrentCUDAStream();
   auto run = [&](auto rel) {
@@ -791,23 +808,44 @@ bool launch_mma_backward(const FusedOperands& o, Args<T>& a, const MakeSlots& ma
     const int dq_grid = REL ? persistent_grid(dq_kernel, dq_bytes, items, 1) : items;
     const int dkv_grid = REL ? persistent_grid(dkv_kernel, dkv_bytes, items, 1) : items;
     auto* dq_onehot = bwd_dq_onehot_kernel<DP, T>;
-    auto* dkv_onehot = bwd_dkv_onehot_kernel<DP, T>;
-    size_t dq_onehot_bytes = 0, dkv_onehot_bytes = 0;
+    auto* dkv_onehot = bwd_dkv_onehot_kernel<DP, T, false>;
+    auto* dq_stored = bwd_dq_stored_kernel<DP, T>;
+    auto* dkv_storing = bwd_dkv_onehot_kernel<DP, T, true>;
+    size_t dq_onehot_bytes = 0, dkv_onehot_bytes = 0, dq_stored_bytes = 0;
     if (REL && !o.radius.defined()) {
       dq_onehot_bytes = fit_smem(dq_onehot, smem_bytes<OneHotDqSmem<DP, T>>(a));
       dkv_onehot_bytes = fit_smem(dkv_onehot, smem_bytes<OneHotDkvSmem<DP, T>>(a));
+      dq_stored_bytes = fit_smem(dq_stored, smem_bytes<StoredDqSmem<DP, T>>(a));
+      if (dkv_onehot_bytes > 0) fit_smem(dkv_storing, dkv_onehot_bytes);
     }
     const bool onehot = dq_onehot_bytes > 0 && dkv_onehot_bytes > 0;
+    const bool stored = onehot && dq_stored_bytes > 0;
     const int dq_onehot_grid = onehot ? persistent_grid(dq_onehot, dq_onehot_bytes, items, 1) : 0;
     const int dkv_onehot_grid = onehot ? persistent_grid(dkv_onehot, dkv_onehot_bytes, items, 1) : 0;
-    make_slots(std::max(dq_grid, dq_onehot_grid), std::max(dkv_grid, dkv_onehot_grid));
-    at::Tensor flag;
+    const int dq_stored_grid = stored ? persistent_grid(dq_stored, dq_stored_bytes, items, 1) : 0;
+    const int dkv_storing_grid = stored ? persistent_grid(dkv_storing, dkv_onehot_bytes, items, 1) : 0;
+    make_slots(std::max({dq_grid, dq_onehot_grid, dq_stored_grid}),
+               std::max({dkv_grid, dkv_onehot_grid, dkv_storing_grid}));
+    at::Tensor flag, pair_off, pair_words;
     if (onehot) {
       flag = onehot_flag(o);
       a.onehot = flag.const_data_ptr<int>();
     }
+    if (stored) {
+      pair_off = window_prefix(bounds, o.N);
+      pair_words = at::empty({pair_budget_words(o)}, bounds.options());
+      a.pairs = PairStore{reinterpret_cast<uint32_t*>(pair_words.data_ptr<int32_t>()),
+                          pair_off.const_data_ptr<int64_t>(), pair_words.numel(), 0};
+    }
     delta_kernel<DP, T><<<grid_for(o.N * o.H, 256), 256, 0, stream>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    for (int pass = 0; stored && pass < o.H; ++pass) {  // each pass's dq reads what its dk/dv stored
+      a.pairs.pass = pass;
+      dkv_storing<<<dkv_storing_grid, mma::kThreads, dkv_onehot_bytes, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      dq_stored<<<dq_stored_grid, mma::kThreads, dq_stored_bytes, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
     if (onehot) {
       dq_onehot<<<dq_onehot_grid, mma::kThreads, dq_onehot_bytes, stream>>>(a);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -853,7 +891,7 @@ void window_attention_bwd_head_dim(const FusedOperands& o, BackwardTensors& t, d
       a.dtk = t.slots_k.numel() ? t.slots_k.data_ptr<A>() : nullptr;
     };
     if constexpr (kTensorCores<T>) {
-      if (launch_mma_backward<DP>(o, a, make_slots)) return;
+      if (launch_mma_backward<DP>(o, t.bounds, a, make_slots)) return;
     }
     dispatch_rel(o, [&](auto rel) {
       constexpr bool REL = decltype(rel)::value;

@@ -11,9 +11,47 @@
 namespace sptr {
 namespace {
 
-// Items of the backward CTAs: (64-row tile, head) pairs, heads adjacent.
+// The heads [h0, h0 + nh) of one launch; its items are (64-row tile, head) pairs, heads adjacent, and item i
+// of the launch is WarpItem's item tile·H + head.
+struct Heads {
+  int h0, nh;
+  __device__ __forceinline__ int item(int H, int i) const { return (i / nh) * H + h0 + i % nh; }
+};
 template <typename T>
-__device__ __forceinline__ int num_items(const Args<T>& a) { return (a.N + mma::kRows - 1) / mma::kRows * a.H; }
+__device__ __forceinline__ int num_items(const Args<T>& a, Heads hs) {
+  return (a.N + mma::kRows - 1) / mma::kRows * hs.nh;
+}
+template <typename T>
+__device__ __forceinline__ int num_items(const Args<T>& a) { return num_items(a, Heads{0, a.H}); }
+
+// Heads per pass of the stored-pairs backward: as many heads' words (M each) as the buffer holds; 0 without the
+// buffer or where not one head fits (then the recomputing kernels do the work).
+template <typename T>
+__device__ __forceinline__ int stored_heads(const Args<T>& a) {
+  if (a.pairs.off == nullptr) return 0;
+  const int64_t m = a.pairs.off[a.N];
+  return m == 0 ? a.H : static_cast<int>(min(static_cast<int64_t>(a.H), a.pairs.capacity / m));
+}
+
+// The heads of this launch of a one-hot backward kernel (nh = 0: return at once). The recomputing kernels
+// (STORED false) take every head unless the stored pairs do the work, the stored ones the heads of their pass.
+template <bool STORED, typename T>
+__device__ __forceinline__ Heads launch_heads(const Args<T>& a) {
+  if (!*a.onehot) return {0, 0};  // a coordinate leaves the one-hot range: the gather kernels do the work
+  const int g = stored_heads(a);
+  if (!STORED) return {0, g > 0 ? 0 : a.H};
+  const int h0 = a.pairs.pass * g;
+  return {h0, g == 0 || h0 >= a.H ? 0 : min(g, a.H - h0)};
+}
+
+// The word of pair (q, k) of the window w of n tokens from s (PairStore) as a row base for either side: a query
+// row's word of key k is query_row_base + k, a key row's word of query q is key_row_base + q·n.
+__device__ __forceinline__ int64_t query_row_base(const int64_t* off, int q, int2 w) {
+  return off[w.x] + (int64_t)(q - w.x) * (w.y - w.x) - w.x;
+}
+__device__ __forceinline__ int64_t key_row_base(const int64_t* off, int k, int2 w) {
+  return off[w.x] + (k - w.x) - (int64_t)w.x * (w.y - w.x);
+}
 
 // Own coordinates of the item's rows [r0, r0 + n) into oc ([kRows][3], 0 past n), for their tilde rows.
 template <typename T>
@@ -83,6 +121,43 @@ struct OneHotDqSmem {
   }
 };
 
+// The end of a dq item with the one-hot histograms Hq (of dS) and Hv (of P): dq = scale·(dS·K + Σ_n Hq[n]·Tq[n])
+// into a.dq, dTq = scale·Hqᵀ·Q and dTv = Hvᵀ·dO into this CTA's slot. Shared memory free to take: the
+// histogram (64 rows, pitch hlp, fp32), the own Q and dO tiles Xq, Xg and the table buffer.
+template <int DP, typename T>
+__device__ void dq_item_end(const Args<T>& a, const mma::WarpItem& it, float (&dq)[DP / 8][4], const OneHotHist& hq,
+                            const OneHotHist& hv, const int (&cq)[2][3], float* hist, int hlp, T* Xq, T* Xg, T* table,
+                            int64_t slot) {
+  using namespace mma;
+  constexpr int LD = kLd<DP>, R = kRows;
+  const int h = it.h, L = a.rel.L, shift = a.rel.rel_shift;
+  const float one[2] = {1.f, 1.f};
+  float* hrow = hist + (threadIdx.x >> 5) * 16 * hlp;
+  if (a.tq) {
+    async_block<DP, LD, R, kThreads>(Xq, a.q, a.H, it.r0, it.n, h);
+    async_rows<DP, LD, kThreads>(table, a.tq, a.H, 0, a.L3, a.L3p, h);
+    cp_async_commit();
+    onehot_hist_store<true>(hrow, hlp, hq, cq, one, L, shift);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (it.active) add_rows_times_table<DP, LD>(dq, hrow, hlp, table, a.L3p, 1.f, 1.f);
+    table_grad_mma<DP, LD>(a.dtq + slot, hist, hlp, Xq, a.L3, a.L3p, a.H, h, a.scale);
+    __syncthreads();
+  }
+  if (a.tv) {
+    async_block<DP, LD, R, kThreads>(Xg, a.dout, a.H, it.r0, it.n, h);
+    cp_async_commit();
+    onehot_hist_store<true>(hrow, hlp, hv, cq, one, L, shift);
+    cp_async_wait<0>();
+    __syncthreads();
+    table_grad_mma<DP, LD>(a.dtv + slot, hist, hlp, Xg, a.L3, a.L3p, a.H, h, 1.f);
+  }
+  if (it.active) {
+    const float f = static_cast<float>(a.scale);
+    store_c_rows<DP>(a.dq, dq, a.N, a.H, it.w0, h, f, f);
+  }
+}
+
 // Two CTAs per multiprocessor up to head dim 64 (the histograms' 72 accumulators per thread fit 255 registers).
 template <int DP> constexpr int kOneHotBwdMinBlocks = DP <= 64 ? 2 : 1;
 
@@ -93,8 +168,9 @@ template <int DP, typename T>
 __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq_onehot_kernel(const Args<T> a) {
   using namespace mma;
   using Smem = OneHotDqSmem<DP, T>;
-  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8, R = kRows;
-  if (!*a.onehot) return;  // a coordinate leaves the one-hot range: bwd_dq_mma_kernel<REL> does the work
+  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8;
+  const Heads hs = launch_heads<false>(a);
+  if (hs.nh == 0) return;
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
   const Smem sm(bump, a);
@@ -102,9 +178,9 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
   const int L = a.rel.L, shift = a.rel.rel_shift;
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   const int64_t slot = (int64_t)blockIdx.x * a.L3 * a.H * DP;
-  for (int item = blockIdx.x; item < num_items(a); item += gridDim.x) {
+  for (int i = blockIdx.x; i < num_items(a, hs); i += gridDim.x) {
     __syncthreads();  // the previous item's overlays are read out
-    const WarpItem it(a.bounds, a.N, a.H, item);
+    const WarpItem it(a.bounds, a.N, a.H, hs.item(a.H, i));
     const int h = it.h, r0 = it.r0, nrows = it.n, kbeg = it.lo, kend = it.hi, w0 = it.w0;
     const bool active = it.active;
     const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1;
@@ -176,33 +252,101 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
         }
       });
     });
-    // dq = scale·(dS·K + Σ_n Hq[n]·Tq[n]); dTq = scale·Hqᵀ·Q and dTv = Hvᵀ·dO into this CTA's slots.
     __syncthreads();  // every warp has left the loop: Q̃ and G̃ become the histogram and the own tiles
-    const float one[2] = {1.f, 1.f};
-    float* hrow = sm.hist + warp * 16 * sm.hlp;
-    if (a.tq) {
-      async_block<DP, LD, R, kThreads>(sm.Xq, a.q, a.H, r0, nrows, h);
-      async_rows<DP, LD, kThreads>(sm.table, a.tq, a.H, 0, a.L3, a.L3p, h);
+    dq_item_end<DP>(a, it, dq, hq, hv, cq, sm.hist, sm.hlp, sm.Xq, sm.Xg, sm.table, slot);
+  }
+}
+
+// Shared memory of bwd_dq_stored_kernel: 32-key blocks (double-buffered) and their one-hot rows for the loop,
+// no table products; the histogram, the own Q and dO tiles and Tq for the item's end.
+template <int DP, typename T>
+struct StoredDqSmem {
+  static constexpr int BN = 32, LD = mma::kLd<DP>, R = mma::kRows;
+  int* kc;  // the key blocks' coordinates (2 buffers)
+  T *K, *E;
+  float* hist;
+  T *Xq, *Xg, *table;
+  int hlp;
+  __host__ __device__ StoredDqSmem(Bump& b, const Args<T>& a) : hlp(a.L3p + 4) {
+    kc = b.take<int>(2 * BN * 3);
+    K = b.take<T>(2 * BN * LD);
+    E = b.take<T>(BN * mma::kOneHotLd);
+    hist = b.take<float>(R * hlp);
+    Xq = b.take_if<T>(a.tq != nullptr, R * LD);
+    Xg = b.take_if<T>(a.tv != nullptr, R * LD);
+    table = b.take_if<T>(a.tq != nullptr, a.L3p * LD);
+  }
+};
+
+template <int DP> constexpr int kStoredDqMinBlocks = DP <= 32 ? 3 : 2;
+
+// dq of 64 query rows of one head of a pass, from the P and dS that bwd_dkv_onehot_kernel<.., true> stored
+// (launched after it): dq = scale·(dS·K + Σ_n Hq[n]·Tq[n]) with the histograms Hq = dS·E and Hv = P·E, no
+// logits recomputed, so no q or dO fragments and no table products in the loop. The A fragments of P and dS
+// come straight from the words (the thread's rows g, g+8 and keys 2t, 2t+1, 2t+8, 2t+9 of each 16), 0 outside
+// the rows' windows.
+template <int DP, typename T>
+__global__ void __launch_bounds__(mma::kThreads, kStoredDqMinBlocks<DP>) bwd_dq_stored_kernel(const Args<T> a) {
+  using namespace mma;
+  using Smem = StoredDqSmem<DP, T>;
+  constexpr int BN = Smem::BN, LD = kLd<DP>, DT = DP / 8;
+  const Heads hs = launch_heads<true>(a);
+  if (hs.nh == 0) return;
+  extern __shared__ __align__(128) char smem[];
+  Bump bump(smem);
+  const Smem sm(bump, a);
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int64_t slot = (int64_t)blockIdx.x * a.L3 * a.H * DP, m = a.pairs.off[a.N];
+  const bool hists = a.tq != nullptr || a.tv != nullptr;
+  for (int i = blockIdx.x; i < num_items(a, hs); i += gridDim.x) {
+    __syncthreads();  // the previous item's end has read its buffers
+    const WarpItem it(a.bounds, a.N, a.H, hs.item(a.H, i));
+    const int h = it.h, kbeg = it.lo, kend = it.hi;
+    const int2 win[2] = {it.win0, it.win1};
+    const uint32_t* words = a.pairs.words + (h - hs.h0) * m;
+    int64_t base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q = it.w0 + g + 8 * r;
+      base[r] = q < a.N ? query_row_base(a.pairs.off, q, win[r]) : 0;
+    }
+    int cq[2][3];
+    own_coords(a, it.w0, cq);
+    float dq[DT][4] = {};
+    OneHotHist hq = {}, hv = {};
+    const int nblocks = (kend - kbeg + BN - 1) / BN;
+    auto load = [&](int blk) {
+      const int c0 = kbeg + blk * BN, n = min(BN, kend - c0), buf = blk & 1;
+      async_block<DP, LD, BN, kThreads>(sm.K + buf * BN * LD, a.k, a.H, c0, n, h);
+      if (hists) async_coords<BN>(sm.kc + buf * BN * 3, nullptr, a, c0, n);
       cp_async_commit();
-      onehot_hist_store<true>(hrow, sm.hlp, hq, cq, one, L, shift);
-      cp_async_wait<0>();
-      __syncthreads();
-      if (active) add_rows_times_table<DP, LD>(dq, hrow, sm.hlp, sm.table, a.L3p, 1.f, 1.f);
-      table_grad_mma<DP, LD>(a.dtq + slot, sm.hist, sm.hlp, sm.Xq, a.L3, a.L3p, a.H, h, a.scale);
-      __syncthreads();
-    }
-    if (a.tv) {
-      async_block<DP, LD, R, kThreads>(sm.Xg, a.dout, a.H, r0, nrows, h);
-      cp_async_commit();
-      onehot_hist_store<true>(hrow, sm.hlp, hv, cq, one, L, shift);
-      cp_async_wait<0>();
-      __syncthreads();
-      table_grad_mma<DP, LD>(a.dtv + slot, sm.hist, sm.hlp, sm.Xg, a.L3, a.L3p, a.H, h, 1.f);
-    }
-    if (active) {
-      const float f = static_cast<float>(a.scale);
-      store_c_rows<DP>(a.dq, dq, a.N, a.H, w0, h, f, f);
-    }
+    };
+    double_buffered(nblocks, load, [&](int blk) {
+      const int c0 = kbeg + blk * BN, buf = blk & 1;
+      const T* K = sm.K + buf * BN * LD;
+      if (hists) {
+        onehot_block<BN>(sm.E, sm.kc + buf * BN * 3);
+        __syncthreads();
+      }
+      if (!it.active || c0 >= it.wrange.y || c0 + BN <= it.wrange.x) return;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        if (!overlaps16(c0 + 16 * kk, it.wrange)) continue;
+        uint32_t pa[4], da[4];  // register j: row g + 8·(j & 1), keys k, k + 1 with k = c0 + 16kk + 2t + 8·(j >> 1)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int r = j & 1, k = c0 + 16 * kk + 2 * t + 8 * (j >> 1);
+          const uint32_t w0 = k >= win[r].x && k < win[r].y ? words[base[r] + k] : 0u;
+          const uint32_t w1 = k + 1 >= win[r].x && k + 1 < win[r].y ? words[base[r] + k + 1] : 0u;
+          pa[j] = __byte_perm(w0, w1, 0x5410);  // the low halves: P
+          da[j] = __byte_perm(w0, w1, 0x7632);  // the high halves: dS
+        }
+        mma_ab<DP, LD>(dq, da, K, kk);
+        if (a.tq) onehot_hist_add(hq, da, sm.E, kk);
+        if (a.tv) onehot_hist_add(hv, pa, sm.E, kk);
+      }
+    });
+    dq_item_end<DP>(a, it, dq, hq, hv, cq, sm.hist, sm.hlp, sm.Xq, sm.Xg, sm.table, slot);
   }
 }
 
@@ -257,25 +401,41 @@ struct OneHotDkvSmem {
 // dk, dv of 64 key rows of one head (16 per warp), as bwd_dkv_mma_kernel, with the table terms as one-hot
 // products: logits += E·Q̃ᵀ (Q̃ per query block) + K̃·Eᵀ (own K̃), dP += E·G̃ᵀ (G̃ per query block), and the
 // histogram Hk (of dS) as dSᵀ·E_a in registers.
-template <int DP, typename T>
+// STORED: the heads of one pass, each pair's P and dS also written to the head's slot of a.pairs, for
+// bwd_dq_stored_kernel.
+template <int DP, typename T, bool STORED>
 __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dkv_onehot_kernel(const Args<T> a) {
   using namespace mma;
   using Smem = OneHotDkvSmem<DP, T>;
   constexpr int BQ = Smem::BQ, LD = kLd<DP>, NT = BQ / 8, DT = DP / 8, R = kRows;
-  if (!*a.onehot) return;  // a coordinate leaves the one-hot range: bwd_dkv_mma_kernel<REL> does the work
+  const Heads hs = launch_heads<STORED>(a);
+  if (hs.nh == 0) return;
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
   const Smem sm(bump, a);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
   const int L = a.rel.L, shift = a.rel.rel_shift;
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
-  for (int item = blockIdx.x; item < num_items(a); item += gridDim.x) {
+  for (int i = blockIdx.x; i < num_items(a, hs); i += gridDim.x) {
     __syncthreads();  // the previous item's overlays are read out
     // A query attends to a key exactly when they share a window, so the key's window bounds its queries.
-    const WarpItem it(a.bounds, a.N, a.H, item);
+    const WarpItem it(a.bounds, a.N, a.H, hs.item(a.H, i));
     const int h = it.h, c0 = it.r0, nkeys = it.n, qbeg = it.lo, qend = it.hi, w0 = it.w0;
     const bool active = it.active;
     const int2 wrange = it.wrange, win0 = it.win0, win1 = it.win1;
+    uint32_t* words = nullptr;
+    int64_t wbase[2] = {};  // the thread's key rows g and g+8: key_row_base, and the step n per query
+    int wstep[2] = {};
+    if constexpr (STORED) {
+      words = a.pairs.words + (h - hs.h0) * a.pairs.off[a.N];
+      const int2 win[2] = {win0, win1};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int k = w0 + (lane >> 2) + 8 * i;
+        wbase[i] = k < a.N ? key_row_base(a.pairs.off, k, win[i]) : 0;
+        wstep[i] = win[i].y - win[i].x;
+      }
+    }
     uint32_t kf[DP / 16][4], vf[DP / 16][4];
     load_a_rows<DP>(kf, a.k, a.N, a.H, w0, h);
     load_a_rows<DP>(vf, a.v, a.N, a.H, w0, h);
@@ -344,6 +504,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dk
             const int col = c + 2 * t;
             p = fast_exp2(s[nt][e] * sl2 + kb[nt][e] * kLog2e - lse[col] * kLog2e);
             ds = p * (dp[nt][e] - delta[col]);
+            if constexpr (STORED) words[wbase[i] + (int64_t)(q0 + col) * wstep[i]] = pack2<T>(p, ds);
           }
           s[nt][e] = p;
           dp[nt][e] = ds;

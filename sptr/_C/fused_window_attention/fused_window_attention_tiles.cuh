@@ -43,10 +43,9 @@ struct Team {
     return index;
   }
   __device__ int warp() const { return tid() >> 5; }
-  __device__ void sync() const {
-    if (barrier == 0) __syncthreads();
-    else asm volatile("bar.sync %0, %1;" ::"r"(barrier), "n"(kSize) : "memory");
-  }
+  // One barrier instruction for every team: barrier 0 with the CTA's thread count (whole_cta's kSize is the
+  // block size) is __syncthreads(). A branch on `barrier` made the compiler emit both forms, predicated.
+  __device__ void sync() const { asm volatile("bar.sync %0, %1;" ::"r"(barrier), "n"(kSize) : "memory"); }
 };
 // The team of every thread of a CTA of `kSize` threads.
 template <int kSize = kThreads>
@@ -230,6 +229,17 @@ template <typename T>
 using Tile = std::conditional_t<kTensorCores<T>, WmmaTile<T>,
                                 std::conditional_t<std::is_same_v<T, float>, Tf32Tile, SimtTile<T>>>;
 
+// The fp16/bf16 backward's stored probabilities and logit gradients (bwd_onehot: the dk/dv kernel writes them,
+// a light dq kernel reads them instead of recomputing both). A pair (q, k) of the window of n tokens from s is
+// the 32-bit word off[s] + (q − s)·n + (k − s) of its head's slot (M = off[N] words): P in the low half, dS in
+// the high one, rounded to T as the mma operands that use them. Null `off` without them.
+struct PairStore {
+  uint32_t* words;     // heads_per_pass slots of M words
+  const int64_t* off;  // [N + 1]: exclusive prefix of the tokens' window sizes
+  int64_t capacity;    // words
+  int pass;            // heads [pass·g, pass·g + g) of this launch, g = min(H, capacity / M)
+};
+
 template <typename T>
 struct Args {
   using A = acc_t<T>;
@@ -247,6 +257,7 @@ struct Args {
   bool vec;      // rows are 16-byte aligned with d == DP: vector loads
   bool dynamic;  // backward: tiles handed out by an atomic counter (else a fixed round-robin)
   RelPosParams rel;
+  PairStore pairs;
   __host__ __device__ bool has_rel() const { return rel.coords != nullptr; }
 };
 
