@@ -430,10 +430,10 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dk
       words = a.pairs.words + (h - hs.h0) * a.pairs.off[a.N];
       const int2 win[2] = {win0, win1};
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int k = w0 + (lane >> 2) + 8 * i;
-        wbase[i] = k < a.N ? key_row_base(a.pairs.off, k, win[i]) : 0;
-        wstep[i] = win[i].y - win[i].x;
+      for (int r = 0; r < 2; ++r) {
+        const int k = w0 + (lane >> 2) + 8 * r;
+        wbase[r] = k < a.N ? key_row_base(a.pairs.off, k, win[r]) : 0;
+        wstep[r] = win[r].y - win[r].x;
       }
     }
     uint32_t kf[DP / 16][4], vf[DP / 16][4];
