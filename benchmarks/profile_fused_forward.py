@@ -38,6 +38,19 @@ def kernel_ms(fn, repeat=10):
     return per
 
 
+def table_step(lay, h, d, dtype):
+    """One forward+backward with SparseTransformer's three contextual tables (random data), values unchecked."""
+    q, k, v = (torch.randn(lay["N"], h, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    tables = [(torch.randn(2 * QGL - 1, 3, h, d, device="cuda") * 0.05).to(dtype) for _ in range(3)]
+    rel_pos = RelativePosition(lay["coords"], QGL - 1, *tables)
+    grad = torch.randn_like(q)
+
+    def step():
+        with data_checks(False):
+            window_attention(q, k, v, lay["offsets"], rel_pos=rel_pos).backward(grad)
+    return step
+
+
 def plain_forward(q, k, v, offsets):
     """The forward op alone: no Python checks, no autograd wrapper."""
     return torch.ops.sptr.window_attention_fwd(q, k, v, offsets, None, None, None, None, None, 0, 0.0,
@@ -52,29 +65,19 @@ def main():
     ap.add_argument("--dtypes", type=str, nargs="+", default=["float16", "bfloat16"])
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--once", action="store_true", help="three plain calls of the op and nothing else (for ncu)")
-    ap.add_argument("--rel-pos", action="store_true", help="with --once: one forward+backward with the tables")
+    ap.add_argument("--rel-pos", action="store_true",
+                    help="one forward+backward with the tables: alone, its kernel times; with --once, for ncu")
     args = ap.parse_args()
     xyz, batch = lidar_voxels(args.voxels)
     lay = layouts(xyz.cuda(), batch.cuda(), args.window)
     h, d = (int(x) for x in args.heads.split("x"))
     if args.once and args.rel_pos:
-        dtype = getattr(torch, args.dtypes[0])
-        q, k, v = (torch.randn(lay["N"], h, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-        tables = [(torch.randn(2 * QGL - 1, 3, h, d, device="cuda") * 0.05).to(dtype) for _ in range(3)]
-        with data_checks(False):
-            out = window_attention(q, k, v, lay["offsets"], rel_pos=RelativePosition(lay["coords"], QGL - 1, *tables))
-            out.backward(torch.randn_like(out))
+        table_step(lay, h, d, getattr(torch, args.dtypes[0]))()
         torch.cuda.synchronize()
         return
     if args.rel_pos:
         for dname in args.dtypes:
-            dtype = getattr(torch, dname)
-            q, k, v = (torch.randn(lay["N"], h, d, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
-            tables = [(torch.randn(2 * QGL - 1, 3, h, d, device="cuda") * 0.05).to(dtype) for _ in range(3)]
-            rp = RelativePosition(lay["coords"], QGL - 1, *tables)
-            grad = torch.randn_like(q)
-            with data_checks(False):
-                kern = kernel_ms(lambda: window_attention(q, k, v, lay["offsets"], rel_pos=rp).backward(grad))
+            kern = kernel_ms(table_step(lay, h, d, getattr(torch, dname)))
             rows = sorted(([name, f"{t:.3f}"] for name, t in kern.items() if t >= 0.002), key=lambda r: -float(r[1]))
             print(f"{dname}, window {args.window}, {args.heads}, with tables: ms per forward+backward, by kernel "
                   f"(total {sum(kern.values()):.3f})")

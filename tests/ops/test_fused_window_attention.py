@@ -144,8 +144,8 @@ def stored_heads_per_pass(counts, h, d, dtype):
 def test_onehot_backward_stored_pairs(device, dtype, window, per_pass):
     """The CUDA one-hot backward's two forms at SphereFormer's table length, 4 heads of 16: P and dS stored by
     the dk/dv kernel for the dq kernel in passes of as many heads as the buffer holds (all four, 3 + 1, 2 + 2,
-    one by one), or recomputed by both kernels where one head's pairs do not fit; windows around the regime's size, one of
-    1 token, one straddling the 64-row tiles."""
+    one by one), or recomputed by both kernels where one head's pairs do not fit; windows around the regime's
+    size, one of 1 token, one straddling the 64-row tiles."""
     counts = [window] * 9 + [1, window + 7, window // 2]
     assert stored_heads_per_pass(counts, 4, 16, dtype) == per_pass
     q, k, v, offsets, rel_pos = make_case(counts, 4, 16, dtype, device, ("query", "key", "value"), seed=15, qgl=24)

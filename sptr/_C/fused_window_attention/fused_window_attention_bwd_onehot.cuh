@@ -416,6 +416,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dk
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
   const int L = a.rel.L, shift = a.rel.rel_shift;
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  const int64_t m = STORED ? a.pairs.off[a.N] : 0;  // words per head's slot
   for (int i = blockIdx.x; i < num_items(a, hs); i += gridDim.x) {
     __syncthreads();  // the previous item's overlays are read out
     // A query attends to a key exactly when they share a window, so the key's window bounds its queries.
@@ -427,7 +428,7 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dk
     int64_t wbase[2] = {};  // the thread's key rows g and g+8: key_row_base, and the step n per query
     int wstep[2] = {};
     if constexpr (STORED) {
-      words = a.pairs.words + (h - hs.h0) * a.pairs.off[a.N];
+      words = a.pairs.words + (h - hs.h0) * m;
       const int2 win[2] = {win0, win1};
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
