@@ -324,22 +324,32 @@ __global__ void __launch_bounds__(mma::kThreads, kStoredDqMinBlocks<DP>) bwd_dq_
     double_buffered(nblocks, load, [&](int blk) {
       const int c0 = kbeg + blk * BN, buf = blk & 1;
       const T* K = sm.K + buf * BN * LD;
+      const bool used = it.active && c0 < it.wrange.y && c0 + BN > it.wrange.x;
+      // The block's words, issued before the barrier that publishes E so that their latency overlaps it.
+      // Register j of k-step kk: row g + 8·(j & 1), keys k, k + 1 with k = c0 + 16kk + 2t + 8·(j >> 1); 0 outside
+      // the row's window.
+      uint32_t wd[BN / 16][4][2];
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int r = j & 1, k = c0 + 16 * kk + 2 * t + 8 * (j >> 1);
+          wd[kk][j][0] = used && k >= win[r].x && k < win[r].y ? words[base[r] + k] : 0u;
+          wd[kk][j][1] = used && k + 1 >= win[r].x && k + 1 < win[r].y ? words[base[r] + k + 1] : 0u;
+        }
       if (hists) {
         onehot_block<BN>(sm.E, sm.kc + buf * BN * 3);
         __syncthreads();
       }
-      if (!it.active || c0 >= it.wrange.y || c0 + BN <= it.wrange.x) return;
+      if (!used) return;
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {
         if (!overlaps16(c0 + 16 * kk, it.wrange)) continue;
-        uint32_t pa[4], da[4];  // register j: row g + 8·(j & 1), keys k, k + 1 with k = c0 + 16kk + 2t + 8·(j >> 1)
+        uint32_t pa[4], da[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const int r = j & 1, k = c0 + 16 * kk + 2 * t + 8 * (j >> 1);
-          const uint32_t w0 = k >= win[r].x && k < win[r].y ? words[base[r] + k] : 0u;
-          const uint32_t w1 = k + 1 >= win[r].x && k + 1 < win[r].y ? words[base[r] + k + 1] : 0u;
-          pa[j] = __byte_perm(w0, w1, 0x5410);  // the low halves: P
-          da[j] = __byte_perm(w0, w1, 0x7632);  // the high halves: dS
+          pa[j] = __byte_perm(wd[kk][j][0], wd[kk][j][1], 0x5410);  // the low halves: P
+          da[j] = __byte_perm(wd[kk][j][0], wd[kk][j][1], 0x7632);  // the high halves: dS
         }
         mma_ab<DP, LD>(dq, da, K, kk);
         if (a.tq) onehot_hist_add(hq, da, sm.E, kk);

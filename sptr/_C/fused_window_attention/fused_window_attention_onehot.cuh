@@ -24,27 +24,43 @@ constexpr int kOneHotRowRuns = mma::kOneHotKP / kOneHotRun;  // runs per row, pa
 
 // Tilde rows (hi and lo planes, [row][kOneHotLd] 16-bit) of ROWS tokens from their table products (hi and lo
 // planes, [row][lp] 16-bit, column n = rel·3 + a) and coordinates ([row][3] in shared memory); all threads of
-// the CTA take part.
+// the CTA take part, a thread per run and both planes. Along a run the relative index steps by one (down on the
+// query side, up on the key side), so a run clamped nowhere (SphereFormer's tables: 2·kOneHot rows) is 8 loads
+// per plane at fixed offsets from one address.
 template <bool QUERY, int ROWS, typename T>
 __device__ void onehot_tilde(T* til, T* til_lo, const T* prod, const T* prod_lo, int lp, const int* coords, int L,
                              int shift) {
   using namespace mma;
-  for (int idx = threadIdx.x; idx < 2 * ROWS * kOneHotRowRuns; idx += kThreads) {
-    const int run = idx % kOneHotRowRuns, pj = idx / kOneHotRowRuns;  // pj = plane·ROWS + j
-    const int j = pj % ROWS, plane = pj / ROWS;
-    T* out = (plane ? til_lo : til) + j * kOneHotLd + run * kOneHotRun;
-    uint32_t w[kOneHotRun / 2] = {};
+  constexpr int step = QUERY ? -3 : 3;  // product columns from cell u to u + 1
+  for (int idx = threadIdx.x; idx < ROWS * kOneHotRowRuns; idx += kThreads) {
+    const int run = idx % kOneHotRowRuns, j = idx / kOneHotRowRuns;
+    uint32_t w[2][kOneHotRun / 2] = {};
     if (run < 3 * kOneHotGroups) {
       const int a = onehot_axis(run), u0 = onehot_cell0(run), c = coords[j * 3 + a];
-      const uint16_t* row = reinterpret_cast<const uint16_t*>(plane ? prod_lo : prod) + j * lp + a;
+      const int r0 = QUERY ? c - u0 + shift : u0 - c + shift;  // relative index of cell u0, unclamped
+      const int r7 = QUERY ? r0 - (kOneHotRun - 1) : r0 + kOneHotRun - 1;
+      const bool inside = min(r0, r7) >= 0 && max(r0, r7) < L;
 #pragma unroll
-      for (int k = 0; k < kOneHotRun / 2; ++k) {
-        const uint32_t lo = row[onehot_rel<QUERY>(c, u0 + 2 * k, shift, L) * 3];
-        const uint32_t hi = row[onehot_rel<QUERY>(c, u0 + 2 * k + 1, shift, L) * 3];
-        w[k] = lo | hi << 16;
+      for (int plane = 0; plane < 2; ++plane) {
+        const uint16_t* row = reinterpret_cast<const uint16_t*>(plane ? prod_lo : prod) + j * lp + a;
+        if (inside) {
+          const uint16_t* p = row + r0 * 3;
+#pragma unroll
+          for (int k = 0; k < kOneHotRun / 2; ++k)
+            w[plane][k] = static_cast<uint32_t>(p[2 * k * step]) | static_cast<uint32_t>(p[(2 * k + 1) * step]) << 16;
+        } else {
+#pragma unroll
+          for (int k = 0; k < kOneHotRun / 2; ++k) {
+            const uint32_t lo = row[onehot_rel<QUERY>(c, u0 + 2 * k, shift, L) * 3];
+            const uint32_t hi = row[onehot_rel<QUERY>(c, u0 + 2 * k + 1, shift, L) * 3];
+            w[plane][k] = lo | hi << 16;
+          }
+        }
       }
     }
-    *reinterpret_cast<uint4*>(out) = make_uint4(w[0], w[1], w[2], w[3]);
+    const int at = j * kOneHotLd + run * kOneHotRun;
+    *reinterpret_cast<uint4*>(til + at) = make_uint4(w[0][0], w[0][1], w[0][2], w[0][3]);
+    *reinterpret_cast<uint4*>(til_lo + at) = make_uint4(w[1][0], w[1][1], w[1][2], w[1][3]);
   }
 }
 
