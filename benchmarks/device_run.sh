@@ -31,7 +31,9 @@ if [ -f .bench_deps/sptr-1.1.1-src.tar.gz ] && [ ! -d /tmp/sptr111pkg/sptr111 ];
   SPTR111_PID=$!
 fi
 # SKIP_BUILD=1 on a machine still warm from the last call keeps the extension built there (the machine keeps
-# ignored build outputs between calls), instead of rebuilding for ~4 minutes.
+# ignored build outputs between calls), instead of rebuilding for ~4 minutes. Without it the build is
+# incremental by file times: after a call that built other sources there (git stash, git apply), the next
+# call's copied sources may be older than those objects and rebuild nothing, so touch the changed files first.
 if [ -n "${SKIP_BUILD:-}" ] && ls sptr/_C/_kernels*.so >/dev/null 2>&1; then
   echo "build skipped (SKIP_BUILD): $(ls -l sptr/_C/_kernels*.so)"
 else

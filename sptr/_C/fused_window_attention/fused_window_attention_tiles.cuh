@@ -631,15 +631,20 @@ __device__ void table_grad_mma(float* slot, const float* hist, int lp, const T* 
       a[3] = mma::pack2<T>(hr[8 * lp + 8], hr[9 * lp + 8]);
       mma::mma_ab<DP, LD>(acc, a, X, kk);
     }
+    // A row's slot entries are loaded before any is stored, so that their latencies overlap.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int n = n0 + g + 8 * half;
       if (n >= L3) continue;
-      float* dst = slot + ((int64_t)n * H + h) * DP + 2 * t;
+      float2* dst = reinterpret_cast<float2*>(slot + ((int64_t)n * H + h) * DP + 2 * t);
+      float2 v[DP / 8];
+#pragma unroll
+      for (int dt = 0; dt < DP / 8; ++dt) v[dt] = dst[dt * 4];
 #pragma unroll
       for (int dt = 0; dt < DP / 8; ++dt) {
-        dst[dt * 8] += f * acc[dt][2 * half];
-        dst[dt * 8 + 1] += f * acc[dt][2 * half + 1];
+        v[dt].x += f * acc[dt][2 * half];
+        v[dt].y += f * acc[dt][2 * half + 1];
+        dst[dt * 4] = v[dt];
       }
     }
   }
