@@ -1,0 +1,82 @@
+"""How well the fused window attention's work items fit a scene's windows (CPU, no kernels run).
+
+The fp16/bf16 table kernels give each CTA an item of 64 rows (4 warps x 16 rows) and walk the item's key (or
+query) range in CTA-wide blocks of 32; a warp whose rows share no window with a block skips its pair work and
+waits at the block's closing barrier, the largest stall of those kernels (benchmarks/RESULTS.md, "Twelfth
+session"). For the benchmark's synthetic 270k-voxel scan this prints, per window size and item layout, the
+share of warp-block slots that have work and the share of the 16x16 pair tiles' slots that are real pairs:
+
+    python benchmarks/item_layout_stats.py [--voxels 270000] [--window 12 6]
+
+Layouts: "64-row items" (today's), "window-cut items" (items never cross a window; large windows split in 64s)
+and "per-warp blocks" (each warp walks only its own rows' key range, in blocks of 32 from its start: no idle
+slots, at the price of building key-side table terms per warp).
+"""
+import argparse
+
+import torch
+
+from sptr.data import lidar_voxels
+from sptr.ops import window_partition
+
+VOXEL = 0.05  # the fused-attention benchmark's voxel size (bench_fused_attention.py)
+ROWS, WARP_ROWS, BLOCK = 64, 16, 32
+
+
+def tiles_in(c0, n, lo, hi):
+    """16-key groups of the block [c0, c0 + n) that overlap the range [lo, hi)."""
+    return sum(1 for s in range(c0, c0 + n, 16) if s < hi and s + 16 > lo)
+
+
+def walk(items, bounds):
+    """(warp-block slots, busy slots, 16x16 tiles) of CTA-wide blocks over each item's key range."""
+    slots = busy = tiles = 0
+    for r0, n in items:
+        lo, hi = bounds[r0][0], bounds[r0 + n - 1][1]
+        warps = [(bounds[a][0], bounds[min(a + WARP_ROWS, r0 + n) - 1][1]) for a in range(r0, r0 + n, WARP_ROWS)]
+        for c0 in range(lo, hi, BLOCK):
+            slots += ROWS // WARP_ROWS
+            for wl, wh in warps:
+                if c0 < wh and c0 + BLOCK > wl:
+                    busy += 1
+                    tiles += tiles_in(c0, BLOCK, wl, wh)
+    return slots, busy, tiles
+
+
+def per_warp(n_rows, bounds):
+    """The same for warps that each walk their own rows' key range."""
+    slots = tiles = 0
+    for a in range(0, n_rows, WARP_ROWS):
+        wl, wh = bounds[a][0], bounds[min(a + WARP_ROWS, n_rows) - 1][1]
+        for c0 in range(wl, wh, BLOCK):
+            slots += 1
+            tiles += tiles_in(c0, BLOCK, wl, wh)
+    return slots, slots, tiles
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--voxels", type=int, default=270_000)
+    ap.add_argument("--window", type=float, nargs="+", default=[12, 6], help="window side in voxels")
+    args = ap.parse_args()
+    xyz, batch = lidar_voxels(args.voxels)
+    for win in args.window:
+        _, offsets = window_partition(xyz, batch, win * VOXEL, False)
+        starts, counts = offsets[:-1].tolist(), (offsets[1:] - offsets[:-1]).tolist()
+        bounds = [(s, s + c) for s, c in zip(starts, counts) for _ in range(c)]
+        n_rows, pairs = len(bounds), sum(c * c for c in counts)
+        layouts = {
+            "64-row items": walk([(r0, min(ROWS, n_rows - r0)) for r0 in range(0, n_rows, ROWS)], bounds),
+            "window-cut items": walk([(r0, min(ROWS, s + c - r0)) for s, c in zip(starts, counts)
+                                      for r0 in range(s, s + c, ROWS)], bounds),
+            "per-warp blocks": per_warp(n_rows, bounds),
+        }
+        print(f"window {win:g}: {len(counts)} windows, mean {n_rows / len(counts):.1f} tokens, "
+              f"{pairs / n_rows:.1f} pair-weighted, {pairs / 1e6:.1f} M pairs")
+        for name, (slots, busy, tiles) in layouts.items():
+            print(f"  {name:17s} warp-block slots {slots:7d}, busy {busy / slots:6.1%}; "
+                  f"16x16 tiles {tiles * 256 / 1e6:5.1f} M pair slots, {pairs / (tiles * 256):6.1%} real pairs")
+
+
+if __name__ == "__main__":
+    main()

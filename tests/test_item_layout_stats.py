@@ -1,0 +1,37 @@
+"""benchmarks/item_layout_stats.py's slot counts on layouts small enough to count by hand."""
+import importlib.util
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("item_layout_stats", os.path.join(ROOT, "benchmarks",
+                                                                                "item_layout_stats.py"))
+stats = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(stats)
+
+
+def window_bounds(counts):
+    return [(s, s + c) for s, c in zip([sum(counts[:i]) for i in range(len(counts))], counts) for _ in range(c)]
+
+
+def test_four_windows_of_16_leave_half_the_slots_idle():
+    # One item of 64 rows, each warp's 16 rows one window: the item's 64 keys are two blocks of 32, and each
+    # warp has work in one of them (one 16x16 tile of real pairs).
+    bounds = window_bounds([16] * 4)
+    assert stats.walk([(0, 64)], bounds) == (8, 4, 4)
+    assert stats.per_warp(64, bounds) == (4, 4, 4)
+
+
+def test_one_window_keeps_every_warp_busy():
+    # 64 rows in one window: every warp needs both blocks, four 16-key groups each.
+    bounds = window_bounds([64])
+    assert stats.walk([(0, 64)], bounds) == (8, 8, 16)
+    assert stats.per_warp(64, bounds) == (8, 8, 16)
+
+
+def test_window_straddling_two_items():
+    # Windows of 40 and 88 rows: item 0 (rows 0-63) spans keys 0-127 (4 blocks), its warp 2 (rows 32-47)
+    # straddles both windows and so needs all four blocks.
+    bounds = window_bounds([40, 88])
+    slots, busy, _ = stats.walk([(0, 64)], bounds)
+    assert slots == 16
+    assert busy == 2 + 2 + 4 + 3  # warps of rows 0-15, 16-31: keys 0-39; 32-47: 0-127; 48-63: 40-127
