@@ -218,13 +218,14 @@ class GradBuffers {
 };
 
 // The fused path's window layout from each point's window cell key: the stable window-major point order and
-// the int32 CSR offsets of the windows (cells in ascending key order). Device-generic ATen code: one unique
-// and one sort; the window count is data-dependent (the fake kernel declares it to the compiler).
+// the int32 CSR offsets of the windows (cells in ascending key order). Device-generic ATen code: one stable sort
+// and the run lengths of the sorted keys (unique_consecutive; torch.unique would sort the keys a second time);
+// the window count is data-dependent (the fake kernel declares it to the compiler).
 inline std::tuple<at::Tensor, at::Tensor> window_sort(const at::Tensor& cells) {
   SPTR_CHECK_DIM(cells, 1);
   SPTR_CHECK_TYPE(cells.scalar_type() == at::kLong, "cells must be int64, got ", cells.scalar_type());
-  auto counts = std::get<2>(at::_unique2(cells, /*sorted=*/true, /*return_inverse=*/false, /*return_counts=*/true));
-  auto sort_idx = std::get<1>(at::sort(cells, /*stable=*/true, /*dim=*/0, /*descending=*/false));
+  auto [sorted, sort_idx] = at::sort(cells, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  auto counts = std::get<2>(at::unique_consecutive(sorted, /*return_inverse=*/false, /*return_counts=*/true));
   auto offsets = at::zeros({counts.numel() + 1}, cells.options().dtype(at::kInt));
   if (counts.numel() > 0) offsets.slice(0, 1).copy_(at::cumsum(counts, 0));
   return {sort_idx, offsets};
