@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_sphereformer_unet import attention_share  # noqa: E402
+from bench_sphereformer_unet import attention_share, kernel_times  # noqa: E402
 from common import peak_mb, table, time_ms, warm_up_gpu  # noqa: E402
 
 from sptr.data import lidar_voxels  # noqa: E402
@@ -35,6 +35,7 @@ def main():
     ap.add_argument("--levels", type=int, nargs="+", default=[1, 2], help="U-Net levels (1: C 32, 2: C 64)")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--kernels", type=int, default=0, help="also list each row's N slowest CUDA kernels (f+b)")
     args = ap.parse_args()
     warm_up_gpu()
     unet = SphereFormerUNetConfig()
@@ -60,11 +61,17 @@ def main():
             with data_checks(False):
                 fwd = time_ms(forward, warmup=2, repeat=args.repeat)
                 both = time_ms(train_step, warmup=2, repeat=args.repeat)
-                share = attention_share(train_step)
+                times = kernel_times(train_step)
                 mem = peak_mb(train_step)
+            share = attention_share(times)
             rows.append([level, xyz.shape[0], f"{spec.channels} ({spec.num_heads}x{spec.channels // spec.num_heads})",
                          name, f"{fwd:.2f}", f"{both:.2f}", f"{share:.0%}", f"{mem:.0f}"])
             print(" | ".join(map(str, rows[-1])), flush=True)
+            if args.kernels:
+                top = sorted(times.items(), key=lambda kv: -kv[1])[:args.kernels]
+                print(f"  kernel time of one forward+backward: {sum(times.values()):.2f} ms in all; slowest:")
+                for kernel, t in top:
+                    print(f"  {t:8.3f} ms  {kernel[:150]}")
             del block
             torch.cuda.empty_cache()
     print("\nSphereFormer block (both branches, contextual q/k/v tables), fp32 block, unchecked call, "

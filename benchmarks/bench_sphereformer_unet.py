@@ -32,8 +32,8 @@ ATTENTION_KERNELS = ("fwd_onehot_kernel", "fwd_mma_kernel", "fwd_kernel", "bwd_d
                      "softmax_backward_kernel", "precompute_all_kernel")
 
 
-def attention_share(fn):
-    """Fraction of fn()'s CUDA kernel time spent in ATTENTION_KERNELS (one profiled call after a warm one)."""
+def kernel_times(fn):
+    """{CUDA kernel name: self GPU time in ms} of one profiled fn() call (after a warm one)."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -41,14 +41,14 @@ def attention_share(fn):
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    total = attention = 0.0
-    for event in prof.key_averages():
-        if event.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        total += event.self_device_time_total
-        if any(name in event.key for name in ATTENTION_KERNELS):
-            attention += event.self_device_time_total
-    return attention / max(total, 1e-9)
+    return {event.key: event.self_device_time_total / 1e3 for event in prof.key_averages()
+            if event.device_type == torch.autograd.DeviceType.CUDA}
+
+
+def attention_share(times):
+    """Fraction of the kernel time (kernel_times) spent in ATTENTION_KERNELS."""
+    attention = sum(t for name, t in times.items() if any(k in name for k in ATTENTION_KERNELS))
+    return attention / max(sum(times.values()), 1e-9)
 
 
 def make_batch(cfg, scans):
@@ -92,7 +92,7 @@ def main():
                 fwd_mem = peak_mb(forward)
                 both = time_ms(train_step, warmup=2, repeat=args.repeat)
                 both_mem = peak_mb(train_step)
-                share = attention_share(train_step)
+                share = attention_share(kernel_times(train_step))
                 rows.append([b, voxels, name, f"{fwd / b:.1f}", f"{both / b:.1f}", f"{share:.0%}", f"{fwd_mem:.0f}",
                              f"{both_mem:.0f}"])
             except torch.OutOfMemoryError:
