@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sptr
-from sptr.ops.windowing import relative_position_index
+from sptr.ops.windowing import _as_vector, relative_position_index
 from sptr.reference.windowing import sparse_self_attention_reference, window_ids_reference
 from tests.helpers import assert_close, device_params
 
@@ -24,6 +24,31 @@ def test_to_3d_numpy():
     assert sptr.to_3d_numpy(a) is a
     with pytest.raises(ValueError):
         sptr.to_3d_numpy("x")
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_constant_sizes_are_made_once_and_still_checked(device):
+    """Window and cell sizes given as numbers, lists or arrays become one cached vector per value, dtype and
+    device (the same values as before the cache: an fp32 array's entries exactly, a list's rounded once), and bad
+    values are refused on every call."""
+    like32 = torch.zeros(1, 3, device=device)
+    like64 = like32.double()
+    sizes = np.array([0.3, 0.25, 0.4], np.float32)
+    a, b = _as_vector("window_size", sizes, like32), _as_vector("window_size", sizes.copy(), like32)
+    assert a is b and a.device == like32.device and a.dtype == torch.float32
+    assert torch.equal(a.cpu(), torch.from_numpy(sizes))
+    c = _as_vector("window_size", sizes, like64)
+    assert c.dtype == torch.float64 and torch.equal(c.cpu(), torch.from_numpy(sizes).double())
+    assert torch.equal(_as_vector("quant_size", [0.3, 0.3, 0.3], like32).cpu(), torch.full((3,), 0.3))
+    assert torch.equal(_as_vector("quant_size", 2, like32).cpu(), torch.full((3,), 2.0))
+    for bad in ([0.3, 0.0, 0.3], [0.3, float("nan"), 0.3], [0.3, 1e39, 0.3]):  # 1e39 overflows fp32
+        for _ in range(2):
+            with pytest.raises(ValueError, match="must be positive and finite"):
+                _as_vector("window_size", bad, like32)
+    with pytest.raises(ValueError, match="must have 3 entries"):
+        _as_vector("window_size", [0.3, 0.3], like32)
+    with pytest.raises(TypeError, match="real numbers"):
+        _as_vector("window_size", np.array([True, True, True]), like32)
 
 
 @pytest.mark.parametrize("shift", [False, True])
