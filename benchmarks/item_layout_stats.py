@@ -7,6 +7,11 @@ session"). For the benchmark's synthetic 270k-voxel scan this prints, per window
 share of warp-block slots that have work and the share of the 16x16 pair tiles' slots that are real pairs:
 
     python benchmarks/item_layout_stats.py [--voxels 270000] [--window 12 6]
+    python benchmarks/item_layout_stats.py --sphereformer-level 1   # a SphereFormer block's two branches
+
+With --sphereformer-level L the windows are those of the SemanticKITTI U-Net's level-L block (its voxel size, the
+cubic windows and the spherical ones of cart2sphere(xyz)), and for the spherical branch it also prints how many
+of the radial-bin table's rows each query row's keys span (exponential_split's bins of the radius difference).
 
 Layouts: "64-row items" (today's), "window-cut items" (items never cross a window; large windows split in 64s)
 and "per-warp blocks" (each warp walks only its own rows' key range, in blocks of 32 from its start: no idle
@@ -14,9 +19,11 @@ slots, at the price of building key-side table terms per warp).
 """
 import argparse
 
+import numpy as np
 import torch
 
 from sptr.data import lidar_voxels
+from sptr.layers.sphereformer import cart2sphere, exponential_split
 from sptr.ops import window_partition
 
 VOXEL = 0.05  # the fused-attention benchmark's voxel size (bench_fused_attention.py)
@@ -54,28 +61,70 @@ def per_warp(n_rows, bounds):
     return slots, slots, tiles
 
 
+def radial_bin_spans(radius, offsets, a):
+    """Per query row (sorted order): max - min + 1 of its pairs' radial bins (exponential_split) in its window."""
+    spans = []
+    for s, e in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        i0, i1 = (x.reshape(-1) for x in torch.meshgrid(torch.arange(s, e), torch.arange(s, e), indexing="ij"))
+        pos = torch.zeros(radius.shape[0], 3)
+        pos[:, 2] = radius
+        bins = exponential_split(pos, i0, i1, torch.zeros(i0.numel(), 3), a=a)[:, 2].reshape(e - s, e - s)
+        spans.append(bins.max(1).values - bins.min(1).values + 1)
+    return torch.cat(spans) if spans else torch.zeros(0)
+
+
+def layout_report(title, offsets):
+    """Prints the windows' sizes and the three layouts' slot and tile counts."""
+    starts, counts = offsets[:-1].tolist(), (offsets[1:] - offsets[:-1]).tolist()
+    bounds = [(s, s + c) for s, c in zip(starts, counts) for _ in range(c)]
+    n_rows, pairs = len(bounds), sum(c * c for c in counts)
+    layouts = {
+        "64-row items": walk([(r0, min(ROWS, n_rows - r0)) for r0 in range(0, n_rows, ROWS)], bounds),
+        "window-cut items": walk([(r0, min(ROWS, s + c - r0)) for s, c in zip(starts, counts)
+                                  for r0 in range(s, s + c, ROWS)], bounds),
+        "per-warp blocks": per_warp(n_rows, bounds),
+    }
+    print(f"{title}: {len(counts)} windows, mean {n_rows / len(counts):.1f} tokens, "
+          f"{pairs / n_rows:.1f} pair-weighted, max {max(counts)}, {pairs / 1e6:.1f} M pairs")
+    for name, (slots, busy, tiles) in layouts.items():
+        print(f"  {name:17s} warp-block slots {slots:7d}, busy {busy / slots:6.1%}; "
+              f"16x16 tiles {tiles * 256 / 1e6:5.1f} M pair slots, {pairs / (tiles * 256):6.1%} real pairs")
+
+
+def sides(size):
+    return " x ".join(f"{float(x):.4g}" for x in size)
+
+
+def sphereformer_report(level, voxels):
+    from sptr.models.sphereformer import SphereFormerUNetConfig  # needs spconv
+
+    unet = SphereFormerUNetConfig()
+    cfg = unet.block_config(unet.levels()[level - 1])
+    xyz, batch = lidar_voxels(voxels, voxel=float(unet.voxel_size[0]) * 2 ** (level - 1))
+    _, offsets = window_partition(xyz, batch, np.array(cfg.window_size, np.float32), False)
+    layout_report(f"level {level}, cubic windows {sides(cfg.window_size)}", offsets)
+    sphere = cart2sphere(xyz.float())
+    order, offsets = window_partition(sphere, batch, np.array(cfg.window_size_sphere, np.float32), False)
+    layout_report(f"level {level}, spherical windows {sides(cfg.window_size_sphere)}", offsets)
+    spans = radial_bin_spans(sphere[order, 2], offsets, cfg.a).float()
+    print(f"  radial bins spanned per query row: mean {spans.mean():.1f}, median {spans.median():.0f}, "
+          f"90th percentile {spans.quantile(0.9):.0f}, max {spans.max():.0f}; "
+          + ", ".join(f"<= {k}: {(spans <= k).float().mean():.0%}" for k in (8, 16, 24, 32)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--voxels", type=int, default=270_000)
     ap.add_argument("--window", type=float, nargs="+", default=[12, 6], help="window side in voxels")
+    ap.add_argument("--sphereformer-level", type=int, default=0, help="a U-Net level's block windows instead")
     args = ap.parse_args()
+    if args.sphereformer_level:
+        sphereformer_report(args.sphereformer_level, args.voxels)
+        return
     xyz, batch = lidar_voxels(args.voxels)
     for win in args.window:
         _, offsets = window_partition(xyz, batch, win * VOXEL, False)
-        starts, counts = offsets[:-1].tolist(), (offsets[1:] - offsets[:-1]).tolist()
-        bounds = [(s, s + c) for s, c in zip(starts, counts) for _ in range(c)]
-        n_rows, pairs = len(bounds), sum(c * c for c in counts)
-        layouts = {
-            "64-row items": walk([(r0, min(ROWS, n_rows - r0)) for r0 in range(0, n_rows, ROWS)], bounds),
-            "window-cut items": walk([(r0, min(ROWS, s + c - r0)) for s, c in zip(starts, counts)
-                                      for r0 in range(s, s + c, ROWS)], bounds),
-            "per-warp blocks": per_warp(n_rows, bounds),
-        }
-        print(f"window {win:g}: {len(counts)} windows, mean {n_rows / len(counts):.1f} tokens, "
-              f"{pairs / n_rows:.1f} pair-weighted, {pairs / 1e6:.1f} M pairs")
-        for name, (slots, busy, tiles) in layouts.items():
-            print(f"  {name:17s} warp-block slots {slots:7d}, busy {busy / slots:6.1%}; "
-                  f"16x16 tiles {tiles * 256 / 1e6:5.1f} M pair slots, {pairs / (tiles * 256):6.1%} real pairs")
+        layout_report(f"window {win:g}", offsets)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 import importlib.util
 import os
 
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("item_layout_stats", os.path.join(ROOT, "benchmarks",
                                                                                 "item_layout_stats.py"))
@@ -35,3 +37,12 @@ def test_window_straddling_two_items():
     slots, busy, _ = stats.walk([(0, 64)], bounds)
     assert slots == 16
     assert busy == 2 + 2 + 4 + 3  # warps of rows 0-15, 16-31: keys 0-39; 32-47: 0-127; 48-63: 40-127
+
+
+def test_radial_bin_spans_by_hand():
+    # Radii 10, 10, 10.5 in one window (a = 0.0125): a difference of 0 is bin 24, -0.5 bin 15 and +0.5 bin 32
+    # (exponential_split: 2·floor(log2(0.525 / 0.0125)) − 2 = 8, its edge 46·a = 0.575 > 0.5), so the two rows
+    # at 10 span bins 15-24 and the row at 10.5 bins 24-32; a one-token window spans one bin.
+    radius = torch.tensor([10.0, 10.0, 10.5, 3.0])
+    spans = stats.radial_bin_spans(radius, torch.tensor([0, 3, 4]), 0.0125)
+    assert spans.tolist() == [10, 10, 9, 1]
