@@ -21,6 +21,17 @@ _warned_partial_rel = False
 PE_TYPES = ("none", "contextual", "sine", "fourier")  # sine / fourier act in the module, before this op
 
 
+def in_window_order(sort_idx: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``x[sort_idx]`` of each tensor for a permutation ``sort_idx``, written as a scatter by the inverse
+    permutation (``index_copy``), whose gradient is a gather: the gradient of ``x[sort_idx]`` is an accumulating
+    ``index_put``, which on CUDA sorts the indices again for every tensor (a radix sort and its kernels per
+    tensor and step)."""
+    sort_idx = sort_idx.long()
+    arange = torch.arange(sort_idx.numel(), device=sort_idx.device)
+    inverse = torch.zeros_like(sort_idx).index_copy_(0, sort_idx, arange)
+    return tuple(x.new_empty(x.shape).index_copy(0, inverse, x) for x in tensors)
+
+
 def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_max, index_1, index_1_offsets,
                           sort_idx, window_size, shift_win, pe_type="none", rel_query=False, rel_key=False,
                           rel_value=False, quant_size=None, quant_grid_length=None, relative_pos_query_table=None,
@@ -57,7 +68,7 @@ def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_ma
                       "used; with only one, neither is (published behaviour)")
         _warned_partial_rel = True
 
-    sorted_q, sorted_k, sorted_v, sorted_xyz = query[sort_idx], key[sort_idx], value[sort_idx], xyz[sort_idx]
+    sorted_q, sorted_k, sorted_v, sorted_xyz = in_window_order(sort_idx, query, key, value, xyz)
     rel = None
     if logit_tables or value_table:
         if quant_size is None or quant_grid_length is None:
@@ -96,6 +107,7 @@ def fused_sparse_self_attention(query, key, value, xyz, sort_idx, window_offsets
     :func:`~sptr.ops.windowing.window_partition`. ``radial_a`` selects SphereFormer's exponential radial bins
     (``exponential_split``) for column 2. Returns ``(N, h, d)`` in the compute dtype (autocast's, if on)."""
     rel_pos = None
+    sorted_q, sorted_k, sorted_v = in_window_order(sort_idx, query, key, value)
     if any(t is not None for t in tables):
         if quant_size is None or quant_grid_length is None:
             raise ValueError("relative-position tables need quant_size and quant_grid_length")
@@ -103,6 +115,6 @@ def fused_sparse_self_attention(query, key, value, xyz, sort_idx, window_offsets
         coords = quantised_coords(sorted_xyz, window_size, quant_size, shift_win)
         radial = {} if radial_a is None else dict(radius=sorted_xyz[:, 2].contiguous(), radial_a=radial_a)
         rel_pos = RelativePosition(coords, quant_grid_length - 1, *tables, **radial)
-    out_sorted = window_attention(query[sort_idx], key[sort_idx], value[sort_idx], window_offsets, rel_pos=rel_pos,
-                                  scale=scale, deterministic=deterministic)
+    out_sorted = window_attention(sorted_q, sorted_k, sorted_v, window_offsets, rel_pos=rel_pos, scale=scale,
+                                  deterministic=deterministic)
     return out_sorted.new_empty(out_sorted.shape).index_copy(0, sort_idx, out_sorted)

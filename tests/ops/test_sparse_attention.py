@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import sptr
+from sptr.ops.sparse_attention import in_window_order
 from sptr.ops.windowing import _as_vector, relative_position_index
 from sptr.reference.windowing import sparse_self_attention_reference, window_ids_reference
 from tests.helpers import assert_close, device_params
@@ -49,6 +50,20 @@ def test_constant_sizes_are_made_once_and_still_checked(device):
         _as_vector("window_size", [0.3, 0.3], like32)
     with pytest.raises(TypeError, match="real numbers"):
         _as_vector("window_size", np.array([True, True, True]), like32)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_in_window_order_is_the_gather_with_a_gather_for_gradient(device):
+    """Rows in window order by a scatter with the inverse permutation: the same values as x[sort_idx] and the
+    same gradient, through index_copy's gather instead of an accumulating index_put (which sorts on CUDA)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(300, 2, 16, generator=gen).to(device)[:, :1].requires_grad_()  # a strided view, as the layers
+    perm = torch.randperm(300, generator=gen).to(device)
+    (got,) = in_window_order(perm, x)
+    assert torch.equal(got, x[perm]) and got.is_contiguous() and type(got.grad_fn).__name__ == "IndexCopyBackward0"
+    g = torch.randn(got.shape, generator=gen).to(device)
+    assert torch.equal(torch.autograd.grad(got, x, g)[0], torch.autograd.grad(x[perm], x, g)[0])
+    assert in_window_order(perm[:0], x[:0])[0].shape == (0, 1, 16)
 
 
 @pytest.mark.parametrize("shift", [False, True])
