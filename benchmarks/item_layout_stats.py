@@ -64,10 +64,10 @@ def per_warp(n_rows, bounds):
 def radial_bin_spans(radius, offsets, a):
     """Per query row (sorted order): max - min + 1 of its pairs' radial bins (exponential_split) in its window."""
     spans = []
+    pos = torch.zeros(radius.shape[0], 3)  # exponential_split reads column 2 only
+    pos[:, 2] = radius
     for s, e in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
         i0, i1 = (x.reshape(-1) for x in torch.meshgrid(torch.arange(s, e), torch.arange(s, e), indexing="ij"))
-        pos = torch.zeros(radius.shape[0], 3)
-        pos[:, 2] = radius
         bins = exponential_split(pos, i0, i1, torch.zeros(i0.numel(), 3), a=a)[:, 2].reshape(e - s, e - s)
         spans.append(bins.max(1).values - bins.min(1).values + 1)
     return torch.cat(spans) if spans else torch.zeros(0)
