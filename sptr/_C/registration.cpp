@@ -29,6 +29,15 @@ TORCH_LIBRARY(sptr, m) {
   m.def("window_precompute_all(Tensor counts, int num_points) -> (Tensor, Tensor, Tensor, Tensor)");
   // int64 window cell key per point -> (stable window-major order, int32 window offsets (W+1)).
   m.def("window_sort(Tensor cells) -> (Tensor, Tensor)");
+  // LayerNorm over the last dimension: (y, mean, rstd), statistics [rows] in the op-math type; the backward
+  // gives (dx, dweight, dbias), the last two empty where there is no weight / bias.
+  m.def("layer_norm_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "layer_norm_bwd(Tensor grad, Tensor x, Tensor mean, Tensor rstd, Tensor? weight, bool has_bias) -> "
+      "(Tensor, Tensor, Tensor)");
+  // out[dest[i]] = x[i] for a permutation dest with inverse source (q/k/v into window order and back); the
+  // gradient is the same op with dest and source swapped.
+  m.def("window_permute_rows(Tensor x, Tensor dest, Tensor source) -> Tensor");
   m.def(
       "window_pair_logits_fwd(Tensor q, Tensor k, Tensor index_0, Tensor index_1, Tensor? table_q, "
       "Tensor? table_k, Tensor? rel_idx, bool with_qk) -> Tensor");

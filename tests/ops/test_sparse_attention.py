@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sptr
-from sptr.ops.sparse_attention import in_window_order
+from sptr.ops.sparse_attention import in_point_order, in_window_order, inverse_permutation
 from sptr.ops.windowing import _as_vector, relative_position_index
 from sptr.reference.windowing import sparse_self_attention_reference, window_ids_reference
 from tests.helpers import assert_close, device_params
@@ -53,17 +53,34 @@ def test_constant_sizes_are_made_once_and_still_checked(device):
 
 
 @pytest.mark.parametrize("device", device_params())
-def test_in_window_order_is_the_gather_with_a_gather_for_gradient(device):
-    """Rows in window order by a scatter with the inverse permutation: the same values as x[sort_idx] and the
-    same gradient, through index_copy's gather instead of an accumulating index_put (which sorts on CUDA)."""
+def test_window_order_and_back_are_scatters_both_ways(device):
+    """Rows in window order (and back) by sptr::window_permute_rows scatters: the same values and gradients as
+    x[sort_idx] (and as index_copy), with the op itself as the gradient (no IndexSelect, which runs one CUDA
+    block per row, and no accumulating index_put, which sorts on CUDA, in the backward graph)."""
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(300, 2, 16, generator=gen).to(device)[:, :1].requires_grad_()  # a strided view, as the layers
     perm = torch.randperm(300, generator=gen).to(device)
     (got,) = in_window_order(perm, x)
-    assert torch.equal(got, x[perm]) and got.is_contiguous() and type(got.grad_fn).__name__ == "IndexCopyBackward0"
+    assert torch.equal(got, x[perm]) and got.is_contiguous() and "PermuteRows" in got.grad_fn.name()
     g = torch.randn(got.shape, generator=gen).to(device)
     assert torch.equal(torch.autograd.grad(got, x, g)[0], torch.autograd.grad(x[perm], x, g)[0])
+    back = in_point_order(perm, in_window_order(perm, x)[0])
+    assert torch.equal(back, x) and torch.equal(torch.autograd.grad(back, x, g)[0], g)
     assert in_window_order(perm[:0], x[:0])[0].shape == (0, 1, 16)
+    x64 = torch.randn(7, 3, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    p7 = torch.randperm(7, generator=gen).to(device)
+    assert torch.autograd.gradcheck(lambda t: in_window_order(p7, t)[0], (x64,))
+    assert torch.autograd.gradgradcheck(lambda t: in_window_order(p7, t)[0], (x64,))
+    torch.library.opcheck(torch.ops.sptr.window_permute_rows, (x64, inverse_permutation(p7), p7))
+
+
+def test_window_permute_rows_refuses_bad_indices():
+    x = torch.randn(5, 2)
+    perm = torch.randperm(5)
+    with pytest.raises(ValueError, match="dest must be a 1-D tensor of x.shape\\[0\\] = 5 entries"):
+        torch.ops.sptr.window_permute_rows(x, perm[:4], perm)
+    with pytest.raises(TypeError, match="source must be int64"):
+        torch.ops.sptr.window_permute_rows(x, perm, perm.int())
 
 
 @pytest.mark.parametrize("shift", [False, True])

@@ -1,5 +1,5 @@
 // Autograd of the pair-layout window attention ops in C++ (see sptr/autograd.h for why not register_autograd).
-// Each backward is one fused kernel that is not itself differentiable.
+// Each backward but window_permute_rows's is one fused kernel that is not itself differentiable.
 #include <torch/library.h>
 
 #include <sptr/autograd.h>
@@ -95,6 +95,30 @@ class SegmentSoftmax : public torch::autograd::Function<SegmentSoftmax> {
   }
 };
 
+using PermuteRowsSignature = Tensor(const Tensor&, const Tensor&, const Tensor&);
+
+// Linear in x: the backward is the op itself with dest and source swapped, called above the autograd key so
+// that it is differentiable again (double backward).
+class PermuteRows : public torch::autograd::Function<PermuteRows> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& dest, const Tensor& source) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static const auto op = typed_op<PermuteRowsSignature>("sptr::window_permute_rows");
+    ctx->save_for_backward({dest, source});
+    return {op.call(x, dest, source)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();  // dest, source
+    static const auto op = typed_op<PermuteRowsSignature>("sptr::window_permute_rows");
+    return {op.call(grads[0], s[1], s[0]), Tensor(), Tensor()};
+  }
+};
+
+Tensor permute_rows_autograd(const Tensor& x, const Tensor& dest, const Tensor& source) {
+  return PermuteRows::apply(x, dest, source)[0];
+}
+
 Tensor pair_logits_autograd(const Tensor& q, const Tensor& k, const Tensor& index_0, const Tensor& index_1,
                             const OptTensor& table_q, const OptTensor& table_k, const OptTensor& rel_idx,
                             bool with_qk) {
@@ -111,6 +135,7 @@ Tensor softmax_autograd(const Tensor& src, const Tensor& indptr) { return Segmen
 }  // namespace
 
 TORCH_LIBRARY_IMPL(sptr, Autograd, m) {
+  m.impl("window_permute_rows", &permute_rows_autograd);
   m.impl("window_pair_logits_fwd", &pair_logits_autograd);
   m.impl("window_aggregate_fwd", &aggregate_autograd);
   m.impl("window_softmax_fwd", &softmax_autograd);

@@ -318,6 +318,7 @@ at::Tensor window_softmax_bwd_cuda(const at::Tensor& grad, const at::Tensor& out
 TORCH_LIBRARY_IMPL(sptr, CUDA, m) {
   m.impl("window_precompute_all", &window_precompute_all_cuda);
   m.impl("window_sort", &window_sort);
+  m.impl("window_permute_rows", &window_permute_rows);
   m.impl("window_pair_logits_fwd", &window_pair_logits_fwd_cuda);
   m.impl("window_pair_logits_bwd", &window_pair_logits_bwd_cuda);
   m.impl("window_aggregate_fwd", &window_aggregate_fwd_cuda);

@@ -3,6 +3,8 @@
 #include <sptr/checks.h>
 #include <sptr/views.h>
 
+#include <utility>
+
 #include "window_attention_math.h"
 
 namespace sptr {
@@ -229,6 +231,20 @@ inline std::tuple<at::Tensor, at::Tensor> window_sort(const at::Tensor& cells) {
   auto offsets = at::zeros({counts.numel() + 1}, cells.options().dtype(at::kInt));
   if (counts.numel() > 0) offsets.slice(0, 1).copy_(at::cumsum(counts, 0));
   return {sort_idx, offsets};
+}
+
+// out[dest[i]] = x[i] (x's rows in window order, or back): a scatter into a new contiguous tensor. A scatter,
+// not a gather, on purpose: ATen's CUDA gather of rows (index_select) runs one thread block per row. `source`
+// (the inverse permutation) is the backward's `dest`. Device-generic ATen code.
+inline at::Tensor window_permute_rows(const at::Tensor& x, const at::Tensor& dest, const at::Tensor& source) {
+  SPTR_CHECK_VALUE(x.dim() >= 1, "x must have at least one dimension, got ", x.sizes());
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dest", dest}, {"source", source}}) {
+    SPTR_CHECK_VALUE(t.dim() == 1 && t.size(0) == x.size(0), name, " must be a 1-D tensor of x.shape[0] = ",
+                     x.size(0), " entries, got shape ", t.sizes());
+    SPTR_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
+    SPTR_CHECK_VALUE(t.device() == x.device(), name, " must be on x's device ", x.device(), ", got ", t.device());
+  }
+  return at::empty(x.sizes(), x.options()).index_copy_(0, dest, x);
 }
 
 // Per-window starts for precompute_all: window of each point, first point and first pair of each window.
