@@ -17,6 +17,7 @@ from ..ops.sparse_attention import sparse_self_attention
 from ..ops._checks import FLOATING, INTEGER, cast, check_shape, check_tensor
 from ..ops.windowing import check_points, get_indices_params, to_3d_numpy
 from .config import LayerConfig, check_fraction, check_positive, check_sizes
+from .layer_norm import LayerNorm
 from .sparse_tensor import SparseTrTensor, check_features
 from .var_length_attention import attend_in_windows, check_attention_path, quant_grid_length
 
@@ -224,7 +225,7 @@ class SphereFormer(nn.Module):
     def __init__(self, cfg: SphereFormerConfig):
         super().__init__()
         self.cfg = cfg
-        self.norm1 = nn.LayerNorm(cfg.dim)
+        self.norm1 = LayerNorm(cfg.dim)
         self.attn = SparseMultiheadSASphereConcat(
             cfg.dim, cfg.num_heads, cfg.indice_key, np.array(cfg.window_size, np.float32),
             np.array(cfg.window_size_sphere, np.float32), pe_type="contextual", qk_scale=cfg.qk_scale,
@@ -232,7 +233,7 @@ class SphereFormer(nn.Module):
             quant_size=np.array(cfg.quant_size, np.float32), quant_size_sphere=np.array(cfg.quant_size_sphere, np.float32),
             a=cfg.a, attention=cfg.attention, attention_dtype=cfg.attention_dtype)
         self.drop_path = DropPath(cfg.drop_path)
-        self.norm2 = nn.LayerNorm(cfg.dim)
+        self.norm2 = LayerNorm(cfg.dim)
         hidden = int(cfg.dim * cfg.mlp_ratio)
         self.mlp = nn.Sequential()
         self.mlp.add_module("fc1", nn.Linear(cfg.dim, hidden))

@@ -1,5 +1,5 @@
 """Public functional API: one module per op family."""
-from . import moe, rope, vision_index  # noqa: F401
+from . import layer_norm, moe, rope, vision_index  # noqa: F401
 from ._checks import data_checks  # noqa: F401
 from .step_attention import (  # noqa: F401
     aggregate,
