@@ -15,8 +15,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_sphereformer_unet import attention_share, kernel_times  # noqa: E402
-from common import peak_mb, table, time_ms, warm_up_gpu  # noqa: E402
+from bench_sphereformer_unet import attention_share  # noqa: E402
+from common import kernel_times, peak_mb, table, time_ms, warm_up_gpu  # noqa: E402
 
 from sptr.data import lidar_voxels  # noqa: E402
 from sptr.layers import SphereFormer  # noqa: E402

@@ -14,7 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import peak_mb, table, time_ms, warm_up_gpu  # noqa: E402
+from common import kernel_times, peak_mb, table, time_ms, warm_up_gpu  # noqa: E402
 
 from sptr.data import collate_scans, lidar_scan, voxelize_scan  # noqa: E402
 from sptr.models.sphereformer import SphereFormerUNet, SphereFormerUNetConfig, sparse_input  # noqa: E402
@@ -30,19 +30,6 @@ VARIANTS = {"fused fp32": dict(attention="fused", attention_dtype="float32"),
 ATTENTION_KERNELS = ("fwd_onehot_kernel", "fwd_mma_kernel", "fwd_kernel", "bwd_dq", "bwd_dkv", "delta_kernel",
                      "onehot_range_kernel", "token_bounds_kernel", "pair_logits", "aggregate", "softmax_kernel",
                      "softmax_backward_kernel", "precompute_all_kernel")
-
-
-def kernel_times(fn):
-    """{CUDA kernel name: self GPU time in ms} of one profiled fn() call (after a warm one)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {event.key: event.self_device_time_total / 1e3 for event in prof.key_averages()
-            if event.device_type == torch.autograd.DeviceType.CUDA}
 
 
 def attention_share(times):

@@ -61,3 +61,16 @@ def table(rows, header):
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     line = lambda r: " | ".join(str(v).rjust(w) for v, w in zip(r, widths))  # noqa: E731
     return "\n".join([line(header), "-+-".join("-" * w for w in widths)] + [line(r) for r in rows])
+
+
+def kernel_times(fn):
+    """{CUDA kernel name: self GPU time in ms} of one profiled fn() call (after a warm one)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {event.key: event.self_device_time_total / 1e3 for event in prof.key_averages()
+            if event.device_type == torch.autograd.DeviceType.CUDA}

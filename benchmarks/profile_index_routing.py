@@ -4,7 +4,7 @@ and k), unchecked.
 
 Without arguments each op runs a few times, for Nsight Compute:
 `ncu -k regex:"rope_index|moe_|mrope" python benchmarks/profile_index_routing.py`.
-`--times`: each op's CUDA kernels with their GPU times (torch.profiler, 20 calls averaged) beside the time of a
+`--times`: each op's CUDA kernels with their GPU times in one call (torch.profiler) beside the time of a
 CUDA graph of one call (which also times the replay's start, ~6 µs on an H100). bench_rope.py and bench_moe.py
 time the same calls against their peers.
 """
@@ -17,25 +17,16 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_rope import index_inputs, rope_inputs  # noqa: E402
-from common import graph_ms, warm_up_gpu  # noqa: E402
+from common import graph_ms, kernel_times, warm_up_gpu  # noqa: E402
 
 from sptr.ops import data_checks, moe, rope, vision_index  # noqa: E402
 
 
-def kernel_times(name, fn, calls=20):
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    kernels = sorted(((e.self_device_time_total / calls, e.key) for e in prof.key_averages()
-                      if e.device_type == torch.autograd.DeviceType.CUDA), reverse=True)
-    print(f"== {name}: graph of one call {graph_ms(fn) * 1e3:.1f} µs, kernels {sum(t for t, _ in kernels):.1f} µs")
-    for t, kernel in kernels:
-        print(f"   {t:7.2f} µs  {kernel[:110]}")
+def print_kernel_times(name, fn):
+    times = kernel_times(fn)
+    print(f"== {name}: graph of one call {graph_ms(fn) * 1e3:.1f} µs, kernels {sum(times.values()) * 1e3:.1f} µs")
+    for kernel, ms in sorted(times.items(), key=lambda kv: -kv[1]):
+        print(f"   {ms * 1e3:7.2f} µs  {kernel[:110]}")
 
 
 def ops():
@@ -68,7 +59,7 @@ def main():
     with data_checks(False):
         for name, fn in ops():
             if args.times:
-                kernel_times(name, fn)
+                print_kernel_times(name, fn)
             else:
                 for _ in range(3):
                     fn()
