@@ -24,11 +24,13 @@ _ops = torch.ops.sptr
 def _window_permute_rows_fake(x, dest, source):
     return x.new_empty(x.shape)
 
+
 _warned_partial_rel = False
 PE_TYPES = ("none", "contextual", "sine", "fourier")  # sine / fourier act in the module, before this op
 
 
 def inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
+    """``inv`` with ``inv[perm[i]] = i``."""
     perm = perm.long()
     return torch.zeros_like(perm).index_copy_(0, perm, torch.arange(perm.numel(), device=perm.device))
 
