@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import NamedTuple
 
 import torch
 
@@ -29,26 +30,29 @@ _warned_partial_rel = False
 PE_TYPES = ("none", "contextual", "sine", "fourier")  # sine / fourier act in the module, before this op
 
 
-def inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
-    """``inv`` with ``inv[perm[i]] = i``."""
-    perm = perm.long()
-    return torch.zeros_like(perm).index_copy_(0, perm, torch.arange(perm.numel(), device=perm.device))
+class WindowOrder(NamedTuple):
+    """A permutation ``order`` of the points (window order: row ``j`` is point ``order[j]``) and its inverse,
+    both int64, made once per attention call. Rows move between the orders by ``sptr::window_permute_rows``
+    scatters, whose gradients are scatters too: ``x[order]``'s gradient is an accumulating ``index_put``, which
+    sorts the indices again on CUDA, and ``index_copy``'s is ``index_select``, which runs one CUDA thread block
+    per row (~0.16 ms per call at 270k rows of 32 bytes)."""
 
+    order: torch.Tensor
+    inverse: torch.Tensor
 
-def in_window_order(sort_idx: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``x[sort_idx]`` of each tensor for a permutation ``sort_idx``, as scatters by its inverse
-    (``sptr::window_permute_rows``), whose gradients are scatters too: ``x[sort_idx]``'s gradient is an
-    accumulating ``index_put``, which sorts the indices again on CUDA, and ``index_copy``'s is ``index_select``,
-    which runs one CUDA thread block per row (~0.16 ms per call at 270k rows of 32 bytes)."""
-    sort_idx = sort_idx.long()
-    inverse = inverse_permutation(sort_idx)
-    return tuple(_ops.window_permute_rows(x, inverse, sort_idx) for x in tensors)
+    @classmethod
+    def of(cls, sort_idx: torch.Tensor) -> "WindowOrder":
+        order = sort_idx.long()
+        arange = torch.arange(order.numel(), device=order.device)
+        return cls(order, torch.zeros_like(order).index_copy_(0, order, arange))
 
+    def to_windows(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``x[order]`` of each tensor."""
+        return tuple(_ops.window_permute_rows(x, self.inverse, self.order) for x in tensors)
 
-def in_point_order(sort_idx: torch.Tensor, x_sorted: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`in_window_order`: row ``j`` of ``x_sorted`` goes to row ``sort_idx[j]``."""
-    sort_idx = sort_idx.long()
-    return _ops.window_permute_rows(x_sorted, sort_idx, inverse_permutation(sort_idx))
+    def to_points(self, x_sorted: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`to_windows`: row ``j`` of ``x_sorted`` goes to row ``order[j]``."""
+        return _ops.window_permute_rows(x_sorted, self.order, self.inverse)
 
 
 def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_max, index_1, index_1_offsets,
@@ -87,7 +91,8 @@ def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_ma
                       "used; with only one, neither is (published behaviour)")
         _warned_partial_rel = True
 
-    sorted_q, sorted_k, sorted_v, sorted_xyz = in_window_order(sort_idx, query, key, value, xyz)
+    window_order = WindowOrder.of(sort_idx)
+    sorted_q, sorted_k, sorted_v, sorted_xyz = window_order.to_windows(query, key, value, xyz)
     rel = None
     if logit_tables or value_table:
         if quant_size is None or quant_grid_length is None:
@@ -107,7 +112,7 @@ def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_ma
     with contextlib.nullcontext() if rechecks else data_checks(False):
         out_sorted = _aggregate(attn, sorted_v, index_0, index_0_offsets, n_max, index_1, index_1_offsets,
                                 relative_pos_value_table.to(tables_dtype) if value_table else None, rel)
-    return in_point_order(sort_idx, out_sorted).to(out_dtype)
+    return window_order.to_points(out_sorted).to(out_dtype)
 
 
 def _aggregate(attn, v, index_0, index_0_offsets, n_max, index_1, index_1_offsets, table, rel):
@@ -125,7 +130,8 @@ def fused_sparse_self_attention(query, key, value, xyz, sort_idx, window_offsets
     :func:`~sptr.ops.windowing.window_partition`. ``radial_a`` selects SphereFormer's exponential radial bins
     (``exponential_split``) for column 2. Returns ``(N, h, d)`` in the compute dtype (autocast's, if on)."""
     rel_pos = None
-    sorted_q, sorted_k, sorted_v = in_window_order(sort_idx, query, key, value)
+    window_order = WindowOrder.of(sort_idx)
+    sorted_q, sorted_k, sorted_v = window_order.to_windows(query, key, value)
     if any(t is not None for t in tables):
         if quant_size is None or quant_grid_length is None:
             raise ValueError("relative-position tables need quant_size and quant_grid_length")
@@ -135,4 +141,4 @@ def fused_sparse_self_attention(query, key, value, xyz, sort_idx, window_offsets
         rel_pos = RelativePosition(coords, quant_grid_length - 1, *tables, **radial)
     out_sorted = window_attention(sorted_q, sorted_k, sorted_v, window_offsets, rel_pos=rel_pos, scale=scale,
                                   deterministic=deterministic)
-    return in_point_order(sort_idx, out_sorted)
+    return window_order.to_points(out_sorted)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sptr
-from sptr.ops.sparse_attention import in_point_order, in_window_order, inverse_permutation
+from sptr.ops.sparse_attention import WindowOrder
 from sptr.ops.windowing import _as_vector, relative_position_index
 from sptr.reference.windowing import sparse_self_attention_reference, window_ids_reference
 from tests.helpers import assert_close, device_params
@@ -60,18 +60,21 @@ def test_window_order_and_back_are_scatters_both_ways(device):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(300, 2, 16, generator=gen).to(device)[:, :1].requires_grad_()  # a strided view, as the layers
     perm = torch.randperm(300, generator=gen).to(device)
-    (got,) = in_window_order(perm, x)
+    (got,) = WindowOrder.of(perm).to_windows(x)
     assert torch.equal(got, x[perm]) and got.is_contiguous() and "PermuteRows" in got.grad_fn.name()
     g = torch.randn(got.shape, generator=gen).to(device)
     assert torch.equal(torch.autograd.grad(got, x, g)[0], torch.autograd.grad(x[perm], x, g)[0])
-    back = in_point_order(perm, in_window_order(perm, x)[0])
+    order = WindowOrder.of(perm)
+    back = order.to_points(order.to_windows(x)[0])
     assert torch.equal(back, x) and torch.equal(torch.autograd.grad(back, x, g)[0], g)
-    assert in_window_order(perm[:0], x[:0])[0].shape == (0, 1, 16)
+    assert WindowOrder.of(perm[:0]).to_windows(x[:0])[0].shape == (0, 1, 16)
     x64 = torch.randn(7, 3, dtype=torch.float64, generator=gen).to(device).requires_grad_()
     p7 = torch.randperm(7, generator=gen).to(device)
-    assert torch.autograd.gradcheck(lambda t: in_window_order(p7, t)[0], (x64,))
-    assert torch.autograd.gradgradcheck(lambda t: in_window_order(p7, t)[0], (x64,))
-    torch.library.opcheck(torch.ops.sptr.window_permute_rows, (x64, inverse_permutation(p7), p7))
+    o7 = WindowOrder.of(p7)
+    assert torch.equal(o7.inverse[p7], torch.arange(7, device=device))
+    assert torch.autograd.gradcheck(lambda t: o7.to_windows(t)[0], (x64,))
+    assert torch.autograd.gradgradcheck(lambda t: o7.to_windows(t)[0], (x64,))
+    torch.library.opcheck(torch.ops.sptr.window_permute_rows, (x64, o7.inverse, o7.order))
 
 
 def test_window_permute_rows_refuses_bad_indices():
