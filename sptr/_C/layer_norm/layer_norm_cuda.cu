@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <sptr/cuda_utils.cuh>
+#include <sptr/dispatch.h>
 
 #include "layer_norm_host.h"
 
@@ -135,9 +136,6 @@ bool warp_kernel_takes(const at::Tensor& x) {
   return x.size(-1) <= kMaxRow && x.scalar_type() != at::kDouble;
 }
 
-#define SPTR_DISPATCH_LAYER_NORM(TYPE, NAME, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
-
 template <typename T>
 const T* optional_ptr(const std::optional<at::Tensor>& t) {
   return t ? t->const_data_ptr<T>() : nullptr;
@@ -159,7 +157,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Ten
   auto mean = at::empty({rows}, x.options().dtype(at::kFloat)), rstd = at::empty({rows}, mean.options());
   if (rows == 0) return {y, mean, rstd};
   const unsigned blocks = grid_for(rows, kWarpsPerBlock);
-  SPTR_DISPATCH_LAYER_NORM(x.scalar_type(), "layer_norm_fwd_cuda", [&] {
+  SPTR_DISPATCH_FLOATING(x.scalar_type(), "layer_norm_fwd_cuda", [&] {
     with_epl(C, [&](auto epl) {
       layer_norm_fwd_kernel<scalar_t, decltype(epl)::value><<<blocks, 32 * kWarpsPerBlock, 0,
                                                               at::cuda::getCurrentCUDAStream()>>>(
@@ -186,7 +184,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd_cuda(const at::Ten
   const int64_t warps = std::min(rows, kBackwardWarps);
   auto dx = at::empty_like(x);
   auto part = at::empty({2, warps, C}, x.options().dtype(at::kFloat));
-  SPTR_DISPATCH_LAYER_NORM(x.scalar_type(), "layer_norm_bwd_cuda", [&] {
+  SPTR_DISPATCH_FLOATING(x.scalar_type(), "layer_norm_bwd_cuda", [&] {
     with_epl(C, [&](auto epl) {
       const unsigned blocks = static_cast<unsigned>((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
       layer_norm_bwd_kernel<scalar_t, decltype(epl)::value><<<blocks, 32 * kWarpsPerBlock, 0,
