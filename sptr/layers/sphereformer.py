@@ -152,8 +152,10 @@ class SparseMultiheadSASphereConcat(nn.Module):
         n, c = feats.shape
         h, d = self.num_heads, self.head_dim
         h1 = h // 2
-        qkv = self.qkv(feats).reshape(n, 3, h, d)
-        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
+        # split + unbind: their backwards are one cat and two stacks into the qkv gradient; indexing q, k, v
+        # and then their head halves cost a zero-filled full-size gradient per slice and the adds of them
+        cubic_qkv, sphere_qkv = self.qkv(feats).reshape(n, 3, h, d).split([h1, h - h1], 2)
+        cubic_qkv, sphere_qkv = cubic_qkv.unbind(1), sphere_qkv.unbind(1)
         xyz_sphere = cart2sphere(xyz.float())
         cubic_tables = (self.relative_pos_query_table, self.relative_pos_key_table, self.relative_pos_value_table)
         sphere_tables = (self.relative_pos_query_table_sphere, self.relative_pos_key_table_sphere,
@@ -161,15 +163,13 @@ class SparseMultiheadSASphereConcat(nn.Module):
         cubic_args = (self.window_size, self.quant_size, self.quant_grid_length, cubic_tables)
         sphere_args = (self.window_size_sphere, self.quant_size_sphere, self.quant_grid_length_sphere, sphere_tables)
         if self.attention == "fused":
-            out_cubic = self._fused(sptr_tensor, f"{self.indice_key}/cubic", q[:, :h1], k[:, :h1], v[:, :h1], xyz,
-                                    batch, *cubic_args)
-            out_sphere = self._fused(sptr_tensor, f"{self.indice_key}/sphere", q[:, h1:], k[:, h1:], v[:, h1:],
-                                     xyz_sphere, batch, *sphere_args, radial_a=self.a)
+            out_cubic = self._fused(sptr_tensor, f"{self.indice_key}/cubic", *cubic_qkv, xyz, batch, *cubic_args)
+            out_sphere = self._fused(sptr_tensor, f"{self.indice_key}/sphere", *sphere_qkv, xyz_sphere, batch,
+                                     *sphere_args, radial_a=self.a)
         else:
             cubic, sphere = self._step_indices(sptr_tensor, xyz, xyz_sphere, batch)
-            out_cubic = self._step(q[:, :h1], k[:, :h1], v[:, :h1], xyz, cubic, *cubic_args)
-            out_sphere = self._step(q[:, h1:], k[:, h1:], v[:, h1:], xyz_sphere, sphere, *sphere_args,
-                                    partial(exponential_split, a=self.a))
+            out_cubic = self._step(*cubic_qkv, xyz, cubic, *cubic_args)
+            out_sphere = self._step(*sphere_qkv, xyz_sphere, sphere, *sphere_args, partial(exponential_split, a=self.a))
         x = torch.cat([out_cubic, out_sphere.to(out_cubic.dtype)], 1).reshape(n, c)
         x = self.proj_drop(self.proj(x.to(self.proj.weight.dtype)))
         return SparseTrTensor(x, indices, sptr_tensor.spatial_shape, sptr_tensor.batch_size, batch=sptr_tensor.batch)
