@@ -22,12 +22,6 @@ constexpr int kWarpsPerBlock = 8;
 // order, and so the bits, the same on every GPU.
 constexpr int64_t kBackwardWarps = 4096;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-  return v;
-}
-
 template <typename T, int EPL>
 __global__ void layer_norm_fwd_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                                       int64_t rows, int C, float eps, T* __restrict__ y, float* __restrict__ mean,

@@ -229,8 +229,7 @@ __global__ void moe_unpermute_bwd_kernel(const T* __restrict__ g, const T* __res
         }
       }
       if (!grad_probs) continue;
-#pragma unroll
-      for (int d = 16; d > 0; d >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, d);
+      dot = warp_sum(dot);
       if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = dot;
       __syncthreads();
       if (threadIdx.x == 0) {

@@ -18,6 +18,14 @@ inline unsigned int grid_for(int64_t n, int threads) {
 #define SPTR_GRID_STRIDE(i, n) \
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
 
+// Sum of v over the 32 lanes of a full warp, every lane gets it (a butterfly: the same order in every lane).
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+}
+
 // Programmatic dependent launch (sm_90+): a kernel started by launch_after_previous may begin while the kernel
 // before it on the stream still runs, so it calls wait_for_previous_grid() before touching memory at all (the
 // wait returns once that kernel has finished and its writes are visible; a no-op for an ordinary launch and
