@@ -77,6 +77,33 @@ def test_window_order_and_back_are_scatters_both_ways(device):
     torch.library.opcheck(torch.ops.sptr.window_permute_rows, (x64, o7.inverse, o7.order))
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_window_permute_rows_every_layout_and_width(device):
+    """The row copy (CUDA: vectors of 16 down to 1 bytes, as the row size, row stride and addresses allow) equals
+    x[perm] for strided rows (views of a fused qkv), rows that are not contiguous, odd row sizes, offset
+    addresses, expanded rows, 1-D x, every dtype and empty shapes."""
+    gen = torch.Generator().manual_seed(5)
+    n = 37
+    perm = torch.randperm(n, generator=gen).to(device)
+    inv = torch.empty_like(perm).index_copy_(0, perm, torch.arange(n, device=device))
+    qkv = torch.randn(n, 3, 4, 16, generator=gen).to(device)
+    cases = {
+        "contiguous": torch.randn(n, 2, 16, generator=gen).to(device),
+        "qkv head split": qkv.split([1, 3], 2)[1].unbind(1)[0],
+        "transposed rows": torch.randn(n, 16, 3, generator=gen).to(device).transpose(1, 2),
+        "fp16 rows of 6 bytes": torch.randn(n, 3, generator=gen).to(device).half(),
+        "offset address": torch.randn(n * 5 + 1, generator=gen).to(device)[1:].view(n, 5),
+        "expanded rows": torch.randn(1, 8, generator=gen).to(device).expand(n, 8),
+        "1-D int8": torch.randint(-100, 100, (n,), generator=gen, dtype=torch.int8).to(device),
+        "bf16": torch.randn(n, 8, generator=gen).to(device).bfloat16(),
+        "fp64 with an empty row dim": torch.randn(n, 0, generator=gen, dtype=torch.float64).to(device),
+    }
+    for name, x in cases.items():
+        got = torch.ops.sptr.window_permute_rows(x, inv, perm)
+        assert got.shape == x.shape and got.is_contiguous() and torch.equal(got, x[perm]), name
+    assert torch.ops.sptr.window_permute_rows(qkv[:0], inv[:0], perm[:0]).shape == (0, 3, 4, 16)
+
+
 def test_window_permute_rows_refuses_bad_indices():
     x = torch.randn(5, 2)
     perm = torch.randperm(5)

@@ -158,7 +158,7 @@ at::Tensor window_softmax_bwd_cpu(const at::Tensor& grad, const at::Tensor& out,
 TORCH_LIBRARY_IMPL(sptr, CPU, m) {
   m.impl("window_precompute_all", &window_precompute_all_cpu);
   m.impl("window_sort", &window_sort);
-  m.impl("window_permute_rows", &window_permute_rows);
+  m.impl("window_permute_rows", &window_permute_rows_cpu);
   m.impl("window_pair_logits_fwd", &window_pair_logits_fwd_cpu);
   m.impl("window_pair_logits_bwd", &window_pair_logits_bwd_cpu);
   m.impl("window_aggregate_fwd", &window_aggregate_fwd_cpu);

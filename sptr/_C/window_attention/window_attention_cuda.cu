@@ -315,10 +315,57 @@ at::Tensor window_softmax_bwd_cuda(const at::Tensor& grad, const at::Tensor& out
   return dsrc;
 }
 
+// out[dest[i]] = x[i], one thread per vector of V bytes of a row (rows of `row_vectors` vectors, x's rows
+// `x_stride` vectors apart). A dest outside [0, N) (not a permutation: the callers pass checked or constructed
+// ones) skips its row instead of writing out of bounds.
+template <typename V>
+__global__ void permute_rows_kernel(const V* __restrict__ x, const int64_t* __restrict__ dest, int64_t N,
+                                    int64_t row_vectors, int64_t x_stride, V* __restrict__ out) {
+  SPTR_GRID_STRIDE(e, N * row_vectors) {
+    const int64_t i = e / row_vectors, c = e - i * row_vectors, d = dest[i];
+    if (d >= 0 && d < N) out[d * row_vectors + c] = x[i * x_stride + c];
+  }
+}
+
+template <typename V>
+void launch_permute_rows(const at::Tensor& x, const at::Tensor& dest, int64_t row_bytes, at::Tensor& out) {
+  const int64_t N = x.size(0), row_vectors = row_bytes / sizeof(V);
+  const int64_t x_stride = x.stride(0) * x.element_size() / static_cast<int64_t>(sizeof(V));
+  permute_rows_kernel<V><<<grid_for(N * row_vectors, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      static_cast<const V*>(x.const_data_ptr()), dest.const_data_ptr<int64_t>(), N, row_vectors, x_stride,
+      static_cast<V*>(out.mutable_data_ptr()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Rows whose elements are contiguous (a row stride of any size: the q, k, v views of a fused qkv projection)
+// are copied as they are; other layouts first become contiguous. Vectors of up to 16 bytes, as wide as the row
+// size, row stride and both addresses allow.
+at::Tensor window_permute_rows_cuda(const at::Tensor& x_, const at::Tensor& dest, const at::Tensor& source) {
+  check_permute_rows(x_, dest, source);
+  c10::cuda::CUDAGuard guard(x_.device());
+  bool rows_contiguous = true;
+  for (int64_t dim = x_.dim() - 1, expected = 1; dim > 0; expected *= x_.size(dim--))
+    rows_contiguous = rows_contiguous && (x_.size(dim) == 1 || x_.stride(dim) == expected);
+  const at::Tensor x = rows_contiguous ? x_ : x_.contiguous();
+  auto out = at::empty(x.sizes(), x.options());
+  const int64_t N = x.size(0);
+  if (out.numel() == 0) return out;
+  const int64_t row_bytes = x.numel() / N * x.element_size();
+  const auto d = dest.contiguous();
+  const uint64_t bits = static_cast<uint64_t>(row_bytes) | static_cast<uint64_t>(x.stride(0) * x.element_size()) |
+                        reinterpret_cast<uintptr_t>(x.const_data_ptr()) | reinterpret_cast<uintptr_t>(out.const_data_ptr());
+  if (bits % 16 == 0) launch_permute_rows<uint4>(x, d, row_bytes, out);
+  else if (bits % 8 == 0) launch_permute_rows<uint2>(x, d, row_bytes, out);
+  else if (bits % 4 == 0) launch_permute_rows<uint32_t>(x, d, row_bytes, out);
+  else if (bits % 2 == 0) launch_permute_rows<uint16_t>(x, d, row_bytes, out);
+  else launch_permute_rows<uint8_t>(x, d, row_bytes, out);
+  return out;
+}
+
 TORCH_LIBRARY_IMPL(sptr, CUDA, m) {
   m.impl("window_precompute_all", &window_precompute_all_cuda);
   m.impl("window_sort", &window_sort);
-  m.impl("window_permute_rows", &window_permute_rows);
+  m.impl("window_permute_rows", &window_permute_rows_cuda);
   m.impl("window_pair_logits_fwd", &window_pair_logits_fwd_cuda);
   m.impl("window_pair_logits_bwd", &window_pair_logits_bwd_cuda);
   m.impl("window_aggregate_fwd", &window_aggregate_fwd_cuda);

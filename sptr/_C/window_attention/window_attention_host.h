@@ -236,7 +236,7 @@ inline std::tuple<at::Tensor, at::Tensor> window_sort(const at::Tensor& cells) {
 // out[dest[i]] = x[i] (x's rows in window order, or back): a scatter into a new contiguous tensor. A scatter,
 // not a gather, on purpose: ATen's CUDA gather of rows (index_select) runs one thread block per row. `source`
 // (the inverse permutation) is the backward's `dest`. Device-generic ATen code.
-inline at::Tensor window_permute_rows(const at::Tensor& x, const at::Tensor& dest, const at::Tensor& source) {
+inline void check_permute_rows(const at::Tensor& x, const at::Tensor& dest, const at::Tensor& source) {
   SPTR_CHECK_VALUE(x.dim() >= 1, "x must have at least one dimension, got ", x.sizes());
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dest", dest}, {"source", source}}) {
     SPTR_CHECK_VALUE(t.dim() == 1 && t.size(0) == x.size(0), name, " must be a 1-D tensor of x.shape[0] = ",
@@ -244,6 +244,11 @@ inline at::Tensor window_permute_rows(const at::Tensor& x, const at::Tensor& des
     SPTR_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
     SPTR_CHECK_VALUE(t.device() == x.device(), name, " must be on x's device ", x.device(), ", got ", t.device());
   }
+}
+
+// The CPU kernel (CUDA has its own row copy).
+inline at::Tensor window_permute_rows_cpu(const at::Tensor& x, const at::Tensor& dest, const at::Tensor& source) {
+  check_permute_rows(x, dest, source);
   return at::empty(x.sizes(), x.options()).index_copy_(0, dest, x);
 }
 
