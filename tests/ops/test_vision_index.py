@@ -95,6 +95,31 @@ def test_long_rows_match_hf(device, length):
 
 
 @pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("rows", [5, 40])
+def test_masks_with_holes_match_hf(device, rows):
+    """Masked tokens anywhere in a row, between a vision-start token and its block too (only the valid tokens
+    form the row: a block starts where the next valid token is an image or video token), in short batches
+    (the CUDA kernel's rows recount the earlier rows' blocks) and long ones (they look back through flags)."""
+    rng = random.Random(rows)
+    samples = [random_sample(rng, rng.randint(0, 3), rng.randint(0, 2)) for _ in range(rows)]
+    width = max(len(tok) for tok, *_ in samples) * 2 + 8
+    ids = torch.zeros(rows, width, dtype=torch.long)
+    mask = torch.zeros(rows, width, dtype=torch.long)
+    for b, (tok, *_rest) in enumerate(samples):
+        row, valid = [], []
+        for t in [TEXT] + tok:  # no row all padding (transformers cannot position one)
+            while rng.random() < (0.5 if row and row[-1] == VS and valid[-1] else 0.1):
+                row.append(rng.choice([TEXT, IMG, VID, VS]))
+                valid.append(0)
+            row.append(t)
+            valid.append(1)
+        ids[b, :len(row)], mask[b, :len(row)] = torch.tensor(row), torch.tensor(valid)
+    grid = lambda k: [g for r in samples for g in r[k]]  # noqa: E731
+    img, vid, sec = (torch.tensor(grid(k)) if grid(k) else None for k in (1, 2, 3))
+    assert_same(ours(ids, img, vid, sec, mask, device), hf.rope_index(ids, img, vid, sec, mask))
+
+
+@pytest.mark.parametrize("device", device_params())
 def test_more_rows_than_sms_match_hf(device):
     """More rows than a GPU has SMs: the CUDA kernel then takes rows by ticket and looks back over zeroed flags
     instead of a cooperative launch with a grid barrier (up to one row per SM, which the other tests cover)."""
