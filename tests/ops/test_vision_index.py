@@ -97,9 +97,9 @@ def test_long_rows_match_hf(device, length):
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("rows", [5, 40])
 def test_masks_with_holes_match_hf(device, rows):
-    """Masked tokens anywhere in a row, between a vision-start token and its block too (only the valid tokens
-    form the row: a block starts where the next valid token is an image or video token), in short batches
-    (the CUDA kernel's rows recount the earlier rows' blocks) and long ones (they look back through flags)."""
+    """Masked tokens anywhere in a row, between a vision-start token and its block too: only the valid tokens
+    form the row (the CUDA kernel compacts it first), so a block starts where the next valid token after a
+    vision-start token is an image or video token."""
     rng = random.Random(rows)
     samples = [random_sample(rng, rng.randint(0, 3), rng.randint(0, 2)) for _ in range(rows)]
     width = max(len(tok) for tok, *_ in samples) * 2 + 8

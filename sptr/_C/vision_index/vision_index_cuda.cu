@@ -7,6 +7,7 @@
 #include <array>
 #include <mutex>
 
+#include <cooperative_groups.h>
 
 #include <torch/library.h>
 
@@ -172,38 +173,18 @@ __device__ V block_inclusive_scan(V v, Op op, V* warp_totals, V& total) {
 // Published block counts of one row for the look-back: bit 63 = ready, bits 32..62 videos, 0..31 images.
 constexpr unsigned long long kReady = 1ull << 63;
 
-// Rows whose CTAs recount the earlier rows' blocks themselves (kRecount) while (B - 1) · S is at most this:
-// up to 16 tokens per thread of the last row's CTA, read at once, instead of a look-back through flags.
-constexpr int64_t kRecountTokens = 16 * kRowThreads;
-
-// Image and video blocks of rows [0, rows) of ids (row length S, attention mask `mask` or none), the thread's
-// share: a block starts at a valid vision-start token whose next valid token is an image (video) token, as
-// starts_block says of the compacted row.
-__device__ void count_blocks_before(const int64_t* ids, const int64_t* mask, int64_t rows, int64_t S,
-                                    const RopeIndexConfig& cfg, unsigned long long& img, unsigned long long& vid) {
-  for (int64_t e = threadIdx.x; e < rows * S; e += blockDim.x) {
-    if (ids[e] != cfg.vision_start_token || (mask && mask[e] != 1)) continue;
-    const int64_t row_end = (e / S + 1) * S;
-    int64_t j = e + 1;
-    while (j < row_end && mask && mask[j] != 1) ++j;  // masked tokens are not in the compacted row
-    if (j == row_end) continue;
-    img += ids[j] == cfg.image_token;
-    vid += ids[j] == cfg.video_token;
-  }
-}
-
-// One CTA per row. The row is compacted (ids x, slots valid) and its image / video blocks counted; the global
-// grid counters at its start are the sums of the counts of rows < b. kRecount (short batches: kRecountTokens):
-// row b = CTA b, which counts the blocks of rows < b itself, so the CTAs share nothing and need no zeroed
-// flags (a second launch) or grid barrier. Otherwise each row publishes its counts in status[b], rows are taken
-// in launch order through `ticket` (a CTA only waits for rows whose CTAs already run, so the look-back cannot
+// One CTA per row. The row is compacted (ids x, slots valid), its image / video blocks counted and published in
+// status[b]; the global grid counters at its start are the sums of the counts of rows < b. kGridSync: a
+// cooperative launch (every row's CTA resident at once), row b = CTA b, and the counts are read after a
+// grid-wide barrier, so status needs no zeroing (which would be a second launch). Otherwise rows are taken in
+// launch order through `ticket` (a CTA only waits for rows whose CTAs already run, so the look-back cannot
 // deadlock), and status and ticket start zeroed. A suffix-min scan gives every position its next image and
-// video token, so thread 0's walk over the row's blocks does O(1) work per block; then all threads fill the
-// positions. The row's arrays (x, valid, next image, next video: S words each, then S / 2 + 1 blocks, then the
-// row's grids and seconds: S / 2 + 1 slots of four words) live in dynamic shared memory when `row_in_shared`
-// (the walk and the fills then read on-chip memory only, not L2), else in the global scratch (x, valid [B, S],
-// next [2, B, S], blocks; the walk then reads the grids where they are).
-template <bool kRecount>
+// video token, so thread 0's walk over the row's blocks does O(1) work per block; then all threads fill the positions. The row's arrays (x, valid,
+// next image, next video: S words each, then S / 2 + 1 blocks, then the row's grids and seconds: S / 2 + 1
+// slots of four words) live in dynamic shared memory when `row_in_shared` (the walk and the fills then read
+// on-chip memory only, not L2), else in the global scratch (x, valid [B, S], next [2, B, S], blocks; the walk
+// then reads the grids where they are).
+template <bool kGridSync>
 __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
     const int64_t* ids, const int64_t* mask, int64_t B, int64_t S, RopeIndexConfig cfg, int64_t* x, int64_t* valid,
     int64_t* next, unsigned long long* status, unsigned int* ticket, VisionBlock* blocks, int64_t* pos,
@@ -214,7 +195,7 @@ __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
   __shared__ unsigned long long counts[2], before[2];
   __shared__ int64_t row_index, nb, tail_st, tail_nxt;
   __shared__ long long row_max;
-  if (threadIdx.x == 0) row_index = kRecount ? blockIdx.x : atomicAdd(ticket, 1u);
+  if (threadIdx.x == 0) row_index = kGridSync ? blockIdx.x : atomicAdd(ticket, 1u);
   if (threadIdx.x < 2) counts[threadIdx.x] = before[threadIdx.x] = 0;
   __syncthreads();
   const int64_t b = row_index, block_slots = S / 2 + 1;
@@ -259,21 +240,18 @@ __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
     }
     carry = MinPairOp()(carry, total);
   }
+  __syncthreads();
+  if (threadIdx.x == 0) atomicExch(&status[b], kReady | (counts[1] << 32) | counts[0]);
+  if constexpr (kGridSync) cooperative_groups::this_grid().sync();
+  // Look-back: every earlier row's published counts, read in parallel.
   unsigned long long img = 0, vid = 0;
-  if constexpr (kRecount) {
-    count_blocks_before(ids, mask, b, S, cfg, img, vid);
-    __syncthreads();
-  } else {
-    __syncthreads();
-    if (threadIdx.x == 0) atomicExch(&status[b], kReady | (counts[1] << 32) | counts[0]);
-    // Look-back: every earlier row's published counts, read in parallel.
-    for (int64_t r = threadIdx.x; r < b; r += blockDim.x) {
-      unsigned long long v;
-      while (!((v = *reinterpret_cast<volatile unsigned long long*>(&status[r])) & kReady)) {
-      }
-      img += v & 0xffffffffull;
-      vid += (v >> 32) & 0x7fffffffull;
+  for (int64_t r = threadIdx.x; r < b; r += blockDim.x) {
+    unsigned long long v;
+    while (!((v = *reinterpret_cast<volatile unsigned long long*>(&status[r])) & kReady)) {
+      // never spins after the grid barrier
     }
+    img += v & 0xffffffffull;
+    vid += (v >> 32) & 0x7fffffffull;
   }
   if (img) atomicAdd(&before[0], img);
   if (vid) atomicAdd(&before[1], vid);
@@ -430,14 +408,13 @@ std::tuple<at::Tensor, at::Tensor> rope_index_cuda(const at::Tensor& input_ids, 
   if (B == 0) return {pos, delta};
   SPTR_CHECK_VALUE(B < (int64_t(1) << 31), "input_ids has too many rows for the CUDA kernel: ", B);
   SPTR_CHECK_VALUE(S < INT_MAX, "input_ids has too many columns for the CUDA kernel: ", S);
-  const bool recount = (B - 1) * S <= kRecountTokens;
-  // Not recounting: B published counts and the row ticket, zeroed.
-  at::Tensor status;
-  unsigned long long* st = nullptr;
-  if (!recount) {
-    status = at::zeros({B + 1}, opts);
-    st = reinterpret_cast<unsigned long long*>(status.mutable_data_ptr<int64_t>());
-  }
+  // Up to one row per SM the rows' CTAs are resident together (one CTA of kRowThreads fits an SM whenever the
+  // kernel fits at all): a cooperative launch, whose grid barrier replaces the zeroed look-back flags and so
+  // the fill before the kernel. More rows: the look-back over flags zeroed by one fill.
+  const bool grid_sync = B <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  // B published counts and the row ticket
+  auto status = grid_sync ? at::empty({B + 1}, opts) : at::zeros({B + 1}, opts);
+  auto* st = reinterpret_cast<unsigned long long*>(status.mutable_data_ptr<int64_t>());
   // Per row: x, valid, next image, next video (S words each), the blocks, the row's grids and seconds.
   const int64_t block_slots = S / 2 + 1;
   const int64_t row_bytes = (4 * S + 4 * block_slots) * static_cast<int64_t>(sizeof(int64_t)) +
@@ -452,13 +429,15 @@ std::tuple<at::Tensor, at::Tensor> rope_index_cuda(const at::Tensor& input_ids, 
     blocks = at::empty({B * block_slots * static_cast<int64_t>(sizeof(VisionBlock) / sizeof(int64_t))}, opts);
   }
   const auto ptr = [](at::Tensor& t) { return t.defined() ? t.mutable_data_ptr<int64_t>() : nullptr; };
-  launch_with(nullptr, recount ? rope_index_kernel<true> : rope_index_kernel<false>, dim3(static_cast<unsigned>(B)),
-              dim3(kRowThreads), row_in_shared ? static_cast<size_t>(row_bytes) : 0,
+  cudaLaunchAttribute cooperative{};
+  cooperative.id = cudaLaunchAttributeCooperative;
+  cooperative.val.cooperative = 1;
+  launch_with(grid_sync ? &cooperative : nullptr, grid_sync ? rope_index_kernel<true> : rope_index_kernel<false>,
+              dim3(static_cast<unsigned>(B)), dim3(kRowThreads), row_in_shared ? static_cast<size_t>(row_bytes) : 0,
               at::cuda::getCurrentCUDAStream(), in.ids.const_data_ptr<int64_t>(),
               in.mask.defined() ? in.mask.const_data_ptr<int64_t>() : nullptr, B, S, in.cfg, ptr(x), ptr(valid),
-              ptr(next), st, st ? reinterpret_cast<unsigned int*>(st + B) : nullptr,
-              reinterpret_cast<VisionBlock*>(ptr(blocks)), pos.mutable_data_ptr<int64_t>(),
-              delta.mutable_data_ptr<int64_t>(), row_in_shared);
+              ptr(next), st, reinterpret_cast<unsigned int*>(st + B), reinterpret_cast<VisionBlock*>(ptr(blocks)),
+              pos.mutable_data_ptr<int64_t>(), delta.mutable_data_ptr<int64_t>(), row_in_shared);
   return {pos, delta};
 }
 
