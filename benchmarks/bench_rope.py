@@ -119,14 +119,19 @@ def index_inputs():
 
 def index_rows():
     ids, grids, inv, n = index_inputs()
+    mask = torch.ones_like(ids)
+    mask[:, -64:] = 0  # a padded batch: the rows' last 64 tokens (text) masked
     ours = {
         "get_rope_index": lambda: vision_index.get_rope_index(ids, grids, None, None, None, 2, 151655, 151656,
                                                               151652, 2),
+        "get_rope_index, masked": lambda: vision_index.get_rope_index(ids, grids, None, None, mask, 2, 151655,
+                                                                      151656, 151652, 2),
         "rot_pos_emb": lambda: vision_index.rot_pos_emb(inv, grids, 2, num_tokens=n),
         "get_window_index": lambda: vision_index.get_window_index(grids, 2, 4, 14, 4, num_tokens=n),
     }
     checked = {  # the default call: data checks on, and without num_tokens the sizes are read from the grid
         "get_rope_index": ours["get_rope_index"],
+        "get_rope_index, masked": ours["get_rope_index, masked"],
         "rot_pos_emb": lambda: vision_index.rot_pos_emb(inv, grids, 2),
         "get_window_index": lambda: vision_index.get_window_index(grids, 2, 4, 14, 4),
     }
@@ -134,6 +139,7 @@ def index_rows():
     if hf:
         theirs = {
             "get_rope_index": lambda: hf.rope_index(ids, grids, None, None, None),
+            "get_rope_index, masked": lambda: hf.rope_index(ids, grids, None, None, mask),
             "rot_pos_emb": lambda: hf.rot_pos_emb(grids),
             "get_window_index": lambda: hf.window_index(grids),
         }
@@ -198,8 +204,9 @@ def main():
     print(table(rope_rows(), ["dtype", "rope", "fwd eager us", "fwd graph us", "fwd % floor", "fwd vs sptr",
                               "fwd+bwd eager us", "fwd+bwd graph us", "fwd+bwd % floor", "fwd+bwd vs sptr"]))
     print()
-    print("index functions, 24 images [1,18,18], B = 8 x 768 tokens; sptr with num_tokens and data_checks(False); "
-          "'checked' = the default call (data checks on, no num_tokens: host syncs)")
+    print("index functions, 24 images [1,18,18], B = 8 x 768 tokens (masked: with an attention mask whose last 64 "
+          "tokens per row are 0); sptr with num_tokens and data_checks(False); 'checked' = the default call (data "
+          "checks on, no num_tokens: host syncs)")
     print(table(index_rows(), ["index function", "sptr eager us", "sptr graph us", "sptr checked eager us",
                                "HF 4.49 us", "speedup (eager)"]))
     if hf:
