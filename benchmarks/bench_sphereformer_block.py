@@ -5,6 +5,11 @@ attention kernels' share of the forward+backward's GPU time. The block runs in f
 attention dtype changes between rows.
 
     python benchmarks/bench_sphereformer_block.py [--levels 1 2] [--voxels 270000]
+
+`--once` runs one forward+backward per row after a warm-up one, untimed, for Nsight Compute (variant names may
+be written with '-' for ' ', which survives word splitting: `ncu -k regex:"fwd_mma_kernel|bwd_dq_mma" python
+benchmarks/bench_sphereformer_block.py --once --levels 1 --variants fused-fp16`; the spherical branch runs the
+gather kernels, the cubic branch the one-hot ones, whose gather twins are launched and return at once).
 """
 import argparse
 import dataclasses
@@ -36,8 +41,11 @@ def main():
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--kernels", type=int, default=0, help="also list each row's N slowest CUDA kernels (f+b)")
+    ap.add_argument("--once", action="store_true", help="one untimed forward+backward per row (for ncu)")
     args = ap.parse_args()
-    warm_up_gpu()
+    args.variants = [name.replace("-", " ") for name in args.variants]
+    if not args.once:
+        warm_up_gpu()
     unet = SphereFormerUNetConfig()
     rows = []
     for level in args.levels:
@@ -58,6 +66,14 @@ def main():
                 block(feats, xyz, batch).square().mean().backward()
 
             # What SphereFormer runs: the layers' unchecked call (windows built by the layer are valid).
+            if args.once:
+                with data_checks(False):
+                    train_step()
+                    torch.cuda.synchronize()
+                    train_step()
+                    torch.cuda.synchronize()
+                print(f"level {level}, {name}: one forward+backward after a warm-up one", flush=True)
+                continue
             with data_checks(False):
                 fwd = time_ms(forward, warmup=2, repeat=args.repeat)
                 both = time_ms(train_step, warmup=2, repeat=args.repeat)
@@ -74,6 +90,8 @@ def main():
                     print(f"  {t:8.3f} ms  {kernel[:150]}")
             del block
             torch.cuda.empty_cache()
+    if args.once:
+        return
     print("\nSphereFormer block (both branches, contextual q/k/v tables), fp32 block, unchecked call, "
           f"{torch.cuda.get_device_name()}")
     print(table(rows, ["level", "voxels", "C (heads)", "attention", "fwd ms", "fwd+bwd ms", "attention share f+b",

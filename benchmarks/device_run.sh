@@ -84,7 +84,10 @@ done
 # profile_fused_forward.py arguments after '@' (default NCU_ARGS, else window 12, 4x32), e.g.
 # "(fwd|dq|dkv)_onehot;(fwd|bwd_dq|bwd_dkv)_kernel<@--window 6 --heads 4x16 --dtypes float32": the source
 # counters of one forward+backward with the tables, summarised by ncu_hotspots.py into $OUT/ncu<i>_hotspots.txt;
-# the per-instruction CSV comes back xz-compressed.
+# the per-instruction CSV comes back xz-compressed. NCU_SCRIPT replaces the profiled command (default
+# "benchmarks/profile_fused_forward.py --once --rel-pos"; the '@' arguments follow it), e.g.
+# NCU_SCRIPT="benchmarks/bench_sphereformer_block.py --once --levels 1" with "...@--variants fused-fp16":
+# a SphereFormer block's kernels (its spherical windows run the gather kernels).
 i=0
 IFS=';' read -r -a NCU_PROFILES <<< "${NCU_KERNELS:-}"
 for profile in "${NCU_PROFILES[@]}"; do
@@ -92,7 +95,7 @@ for profile in "${NCU_PROFILES[@]}"; do
   [ "$regex" != "$profile" ] && pargs=${profile#*@}
   PYTHONPATH=$ORACLE:. timeout ${NCU_TIMEOUT:-200} ncu -k "regex:$regex" --launch-count ${NCU_LAUNCHES:-3} \
     --section SourceCounters --section WarpStateStats --section Occupancy --section LaunchStats \
-    --section SpeedOfLight -o "$OUT/ncu$i" python3 benchmarks/profile_fused_forward.py --once --rel-pos \
+    --section SpeedOfLight -o "$OUT/ncu$i" python3 ${NCU_SCRIPT:-benchmarks/profile_fused_forward.py --once --rel-pos} \
     $pargs > "$OUT/ncu$i.log" 2>&1
   ncu -i "$OUT/ncu$i.ncu-rep" --page details > "$OUT/ncu${i}_details.txt"
   ncu -i "$OUT/ncu$i.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu${i}_source.csv" \
