@@ -233,9 +233,10 @@ inline std::tuple<at::Tensor, at::Tensor> window_sort(const at::Tensor& cells) {
   return {sort_idx, offsets};
 }
 
-// out[dest[i]] = x[i] (x's rows in window order, or back): a scatter into a new contiguous tensor. A scatter,
-// not a gather, on purpose: ATen's CUDA gather of rows (index_select) runs one thread block per row. `source`
-// (the inverse permutation) is the backward's `dest`. Device-generic ATen code.
+// window_permute_rows: out[dest[i]] = x[i] (x's rows in window order, or back), a scatter into a new contiguous
+// tensor. A scatter, not a gather, on purpose: ATen's CUDA gather of rows (index_select) runs one thread block
+// per row. `source` (the inverse permutation) is the backward's `dest`. Its argument checks, then its CPU kernel
+// (ATen's index_copy_; CUDA has its own row copy in window_attention_cuda.cu).
 inline void check_permute_rows(const at::Tensor& x, const at::Tensor& dest, const at::Tensor& source) {
   SPTR_CHECK_VALUE(x.dim() >= 1, "x must have at least one dimension, got ", x.sizes());
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dest", dest}, {"source", source}}) {
@@ -246,7 +247,6 @@ inline void check_permute_rows(const at::Tensor& x, const at::Tensor& dest, cons
   }
 }
 
-// The CPU kernel (CUDA has its own row copy).
 inline at::Tensor window_permute_rows_cpu(const at::Tensor& x, const at::Tensor& dest, const at::Tensor& source) {
   check_permute_rows(x, dest, source);
   return at::empty(x.sizes(), x.options()).index_copy_(0, dest, x);
