@@ -104,6 +104,20 @@ def rope_rows():
     return rows
 
 
+def backward_rows():
+    """The backward kernel alone (the op autograd calls), graph time: issue 28's mRoPE backward target, which a
+    difference of the forward+backward and forward columns only estimates. The gradients are dense [B, S, H, D]
+    tensors, as autograd hands them over."""
+    sec, rows = [16, 24, 24], []
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        q, k, cos, sin = rope_inputs(dt)
+        gq, gk = torch.randn_like(q), torch.randn_like(k)
+        floor = floor_ms(q, k, cos)
+        g = graph_ms(lambda: torch.ops.sptr.mrope_bwd(gq, gk, cos, sin, sec, True, None), calls=10)
+        rows.append([str(dt).removeprefix("torch."), f"{g * 1e3:.1f}", f"{floor * 1e3:.1f}", f"{100 * floor / g:.0f}%"])
+    return rows
+
+
 def index_inputs():
     dev = "cuda"
     grids = torch.tensor([[1, 18, 18]] * 24, device=dev)
@@ -203,6 +217,9 @@ def main():
           "% = HBM floor / time at 4.3 TB/s (fwd+bwd: twice the bytes); vs = against sptr bf16 graph time")
     print(table(rope_rows(), ["dtype", "rope", "fwd eager us", "fwd graph us", "fwd % floor", "fwd vs sptr",
                               "fwd+bwd eager us", "fwd+bwd graph us", "fwd+bwd % floor", "fwd+bwd vs sptr"]))
+    print()
+    print("mRoPE backward alone (sptr.mrope_bwd, the op autograd runs), same shapes, gradients dense")
+    print(table(backward_rows(), ["dtype", "bwd graph us", "HBM floor us", "% floor"]))
     print()
     print("index functions, 24 images [1,18,18], B = 8 x 768 tokens (masked: with an attention mask whose last 64 "
           "tokens per row are 0); sptr with num_tokens and data_checks(False); 'checked' = the default call (data "

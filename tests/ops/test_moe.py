@@ -40,8 +40,9 @@ def test_published_example():
                                    (4500, 4, 6), (300, 2, 100)])
 @pytest.mark.parametrize("align", [1, 8])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_permute_matches_reference(device, T, K, E, align, dtype):
-    H = 24
+# H = 24: 16-byte vectors on CUDA (a few per row); 9: single elements; 1032: two rows in flight per thread
+@pytest.mark.parametrize("H", [24, 9, 1032])
+def test_permute_matches_reference(device, T, K, E, align, dtype, H):
     x = torch.randn(T, H).to(dtype).to(device)
     for case, ids in enumerate([routing(T, K, E, device, T + K), routing(T, K, E, device, 7, negative=0.3),
                                 routing(T, K, E, device, 1, one_expert=E - 1)]):
@@ -106,9 +107,11 @@ def test_permute_backward_sums_copies(device, dtype):
 @pytest.mark.parametrize("K", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("probs_kind", ["none", "fp32", "bf16"])
-def test_unpermute_forward_and_backward(device, K, dtype, probs_kind):
+# H = 250: rows of single elements on CUDA; 536: 16-byte vectors, with two per thread for a few columns
+@pytest.mark.parametrize("H", [250, 536])
+def test_unpermute_forward_and_backward(device, K, dtype, probs_kind, H):
     torch.manual_seed(K)
-    T, E, H = 41, 5, 250
+    T, E = 41, 5
     x = torch.randn(T, H).to(dtype).to(device)
     ids = routing(T, K, E, device, K, negative=0.1)
     perm = moe.permute(x, ids, E, num_out_tokens=(T * K * 3) // 4)

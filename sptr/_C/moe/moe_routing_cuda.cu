@@ -169,28 +169,60 @@ __global__ void moe_gather_rows_kernel(const T* __restrict__ x, const int32_t* _
   }
 }
 
-template <typename T, typename acc_t, int V>
-__global__ void moe_unpermute_kernel(const T* __restrict__ y, const int32_t* __restrict__ map,
-                                     const acc_t* __restrict__ w, int64_t T_, int64_t K, int64_t R, int64_t cols,
-                                     T* __restrict__ out) {
+// Thread (x, y) of a block combines columns x + 2j·bx and x + (2j + 1)·bx of token row y: two loads in flight
+// per thread (one left the kernel bound by the memory latency at its occupancy). ONE (K = 1) keeps no
+// accumulators: its combine 0 + w·v is computed per loaded vector (the same bits), for fewer registers.
+template <typename T, typename acc_t, int V, bool ONE>
+__global__ void __launch_bounds__(256, ONE ? 5 : 4)
+    moe_unpermute_kernel(const T* __restrict__ y, const int32_t* __restrict__ map, const acc_t* __restrict__ w,
+                         int64_t T_, int64_t K, int64_t R, int64_t cols, T* __restrict__ out) {
   using VT = Vec<T, V>;
+  const int64_t bx = blockDim.x;
   for (int64_t t = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; t < T_; t += (int64_t)gridDim.x * blockDim.y) {
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      acc_t acc[V];
+    VT* o = reinterpret_cast<VT*>(out + t * cols * V);
+    for (int64_t c = threadIdx.x; c < cols; c += 2 * bx) {
+      const bool second = c + bx < cols;
+      VT o0, o1;
+      if constexpr (ONE) {
+        const int64_t r = map[t];
+        const bool kept = r >= 0 && r < R;
+        const acc_t wk = w && kept ? w[t] : acc_t(1);
+        const VT* row = reinterpret_cast<const VT*>(y + (kept ? r : 0) * cols * V);
+        VT v0, v1;
+        if (kept) v0 = row[c];
+        if (kept && second) v1 = row[c + bx];
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc[i] = acc_t(0);
-      for (int64_t k = 0; k < K; ++k) {  // increasing k: the fixed combine order
-        const int64_t r = map[k * T_ + t];
-        if (r < 0 || r >= R) continue;
-        const acc_t wk = w ? w[t * K + k] : acc_t(1);
-        const VT v = reinterpret_cast<const VT*>(y + r * cols * V)[c];
+        for (int i = 0; i < V; ++i) {
+          o0.v[i] = static_cast<T>(kept ? acc_t(0) + wk * static_cast<acc_t>(v0.v[i]) : acc_t(0));
+          o1.v[i] = static_cast<T>(kept ? acc_t(0) + wk * static_cast<acc_t>(v1.v[i]) : acc_t(0));
+        }
+      } else {
+        acc_t acc[2][V];
 #pragma unroll
-        for (int i = 0; i < V; ++i) acc[i] += wk * static_cast<acc_t>(v.v[i]);
+        for (int i = 0; i < V; ++i) acc[0][i] = acc[1][i] = acc_t(0);
+        for (int64_t k = 0; k < K; ++k) {  // increasing k: the fixed combine order
+          const int64_t r = map[k * T_ + t];
+          if (r < 0 || r >= R) continue;
+          const acc_t wk = w ? w[t * K + k] : acc_t(1);
+          const VT* row = reinterpret_cast<const VT*>(y + r * cols * V);
+          const VT v0 = row[c];
+          VT v1;
+          if (second) v1 = row[c + bx];
+#pragma unroll
+          for (int i = 0; i < V; ++i) acc[0][i] += wk * static_cast<acc_t>(v0.v[i]);
+          if (second) {
+#pragma unroll
+            for (int i = 0; i < V; ++i) acc[1][i] += wk * static_cast<acc_t>(v1.v[i]);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          o0.v[i] = static_cast<T>(acc[0][i]);
+          o1.v[i] = static_cast<T>(acc[1][i]);
+        }
       }
-      VT o;
-#pragma unroll
-      for (int i = 0; i < V; ++i) o.v[i] = static_cast<T>(acc[i]);
-      reinterpret_cast<VT*>(out + t * cols * V)[c] = o;
+      o[c] = o0;
+      if (second) o[c + bx] = o1;
     }
   }
 }
@@ -333,8 +365,10 @@ at::Tensor moe_unpermute_fwd_cuda(const at::Tensor& x_perm, const at::Tensor& ro
     auto run = [&](auto vec) {
       constexpr int V = decltype(vec)::value;
       const int64_t cols = H / V;
-      const dim3 block = row_block(cols);
-      moe_unpermute_kernel<scalar_t, acc_t, V><<<row_grid(T, block), block, 0, at::cuda::getCurrentCUDAStream()>>>(
+      const dim3 block = row_block((cols + 1) / 2);
+      auto kernel = K == 1 ? moe_unpermute_kernel<scalar_t, acc_t, V, true>
+                           : moe_unpermute_kernel<scalar_t, acc_t, V, false>;
+      kernel<<<row_grid(T, block), block, 0, at::cuda::getCurrentCUDAStream()>>>(
           y.const_data_ptr<scalar_t>(), map.const_data_ptr<int32_t>(), wp, T, K, R, cols,
           out.mutable_data_ptr<scalar_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
