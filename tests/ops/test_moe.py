@@ -40,7 +40,7 @@ def test_published_example():
                                    (4500, 4, 6), (300, 2, 100)])
 @pytest.mark.parametrize("align", [1, 8])
 @pytest.mark.parametrize("dtype", DTYPES)
-# H = 24: 16-byte vectors on CUDA (a few per row); 9: single elements; 1032: two rows in flight per thread
+# H = 24: 16-byte vectors on CUDA (a few per row); 9: single elements; 1032: more vectors than a block has threads
 @pytest.mark.parametrize("H", [24, 9, 1032])
 def test_permute_matches_reference(device, T, K, E, align, dtype, H):
     x = torch.randn(T, H).to(dtype).to(device)

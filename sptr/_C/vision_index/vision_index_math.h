@@ -74,14 +74,14 @@ SPTR_HD int64_t window_end(const int64_t* g, int64_t ws, int64_t f, int64_t wr, 
 
 // a / b and a % b for a >= 0, b > 0, as int64: on CUDA by a 32-bit unsigned division when both fit (a 64-bit
 // division is a subroutine of ~70 instructions there), else as 64-bit operations; the same results.
-SPTR_HD int64_t quot(int64_t a, int64_t b) {
+SPTR_HD int64_t nonneg_div(int64_t a, int64_t b) {
 #if defined(__CUDA_ARCH__)
   if (static_cast<uint64_t>(a) <= 0xffffffffull && b > 0 && b <= 0xffffffffll)
     return static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
 #endif
   return a / b;
 }
-SPTR_HD int64_t rem(int64_t a, int64_t b) {
+SPTR_HD int64_t nonneg_mod(int64_t a, int64_t b) {
 #if defined(__CUDA_ARCH__)
   if (static_cast<uint64_t>(a) <= 0xffffffffull && b > 0 && b <= 0xffffffffll)
     return static_cast<uint32_t>(a) % static_cast<uint32_t>(b);
@@ -169,8 +169,8 @@ SPTR_HD int64_t rope_index_walk(NextToken next_token, int64_t n_img, int64_t n_v
     b.st = st;
     b.nxt = nxt;
     b.T = g[0];
-    b.Hm = quot(g[1], cfg.merge);
-    b.Wm = quot(g[2], cfg.merge);
+    b.Hm = nonneg_div(g[1], cfg.merge);
+    b.Wm = nonneg_div(g[2], cfg.merge);
     blocks[nb++] = b;
     const int64_t base = nxt + b.e - st;
     int64_t extent = b.Hm > b.Wm ? b.Hm : b.Wm;
@@ -207,9 +207,9 @@ SPTR_HD void rope_index_position(const RopeIndexConfig& cfg, const VisionBlock* 
     return;
   }
   const int64_t local = i - b.e, base = b.nxt + b.e - b.st, hw = b.Hm * b.Wm;
-  pos[0] = base + temporal_index(cfg, b.video, quot(local, hw));
-  pos[1] = base + rem(quot(local, b.Wm), b.Hm);
-  pos[2] = base + rem(local, b.Wm);
+  pos[0] = base + temporal_index(cfg, b.video, nonneg_div(local, hw));
+  pos[1] = base + nonneg_mod(nonneg_div(local, b.Wm), b.Hm);
+  pos[2] = base + nonneg_mod(local, b.Wm);
 }
 
 // Image / video blocks of a compacted row: vision-start tokens followed by an image or video token.
