@@ -179,11 +179,11 @@ constexpr unsigned long long kReady = 1ull << 63;
 // grid-wide barrier, so status needs no zeroing (which would be a second launch). Otherwise rows are taken in
 // launch order through `ticket` (a CTA only waits for rows whose CTAs already run, so the look-back cannot
 // deadlock), and status and ticket start zeroed. A suffix-min scan gives every position its next image and
-// video token, so thread 0's walk over the row's blocks does O(1) work per block; then all threads fill the positions. The row's arrays (x, valid,
-// next image, next video: S words each, then S / 2 + 1 blocks, then the row's grids and seconds: S / 2 + 1
-// slots of four words) live in dynamic shared memory when `row_in_shared` (the walk and the fills then read
-// on-chip memory only, not L2), else in the global scratch (x, valid [B, S], next [2, B, S], blocks; the walk
-// then reads the grids where they are).
+// video token, so thread 0's walk over the row's blocks does O(1) work per block; then all threads fill the
+// positions. The row's arrays (x, valid, next image, next video: S words each, then S / 2 + 1 blocks, then the
+// row's grids and seconds: S / 2 + 1 slots of four words) live in dynamic shared memory when `row_in_shared`
+// (the walk and the fills then read on-chip memory only, not L2), else in the global scratch (x, valid [B, S],
+// next [2, B, S], blocks; the walk then reads the grids where they are).
 template <bool kGridSync>
 __global__ void __launch_bounds__(kRowThreads) rope_index_kernel(
     const int64_t* ids, const int64_t* mask, int64_t B, int64_t S, RopeIndexConfig cfg, int64_t* x, int64_t* valid,
