@@ -589,8 +589,16 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
                          }
                        });
         if constexpr (REL) {
-          if (a.tq) quad_hist_add(hq_row[0], hq_row[1], rows, dp);
-          if (a.tv) quad_hist_add(hv_row[0], hv_row[1], rows, s);
+          if (a.tq && a.tv) {
+            quad_hist_add2(hq_row[0], hq_row[1], dp, hv_row[0], hv_row[1], s, rows);
+          } else if (a.tq || a.tv) {  // one copy of the loop for either table (a select per value)
+            float one[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) one[nt][e] = a.tq ? dp[nt][e] : s[nt][e];
+            quad_hist_add(a.tq ? hq_row[0] : hv_row[0], a.tq ? hq_row[1] : hv_row[1], rows, one);
+          }
         }
 #pragma unroll
         for (int kk = 0; kk < NT / 2; ++kk) {

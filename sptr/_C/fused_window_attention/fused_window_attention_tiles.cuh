@@ -591,12 +591,16 @@ __device__ __forceinline__ float gather3(const float* x, uint32_t rows) {
   return x[table_row(rows, 0)] + x[table_row(rows, 1)] + x[table_row(rows, 2)];
 }
 
-// hist0 (row g) / hist1 (row g+8) [table row] += val for the nonzero C entries of an mma tile of the four lanes
-// of a quad (which share the rows). As in quad_ordered_add, lane t < 3 adds column t of the quad's entries,
-// in the fixed order (source lane, tile, entry): bitwise reproducible, and no lane waits for another.
-template <int NT>
-__device__ __forceinline__ void quad_hist_add(float* hist0, float* hist1, const uint32_t (&rows)[NT][4],
-                                              const float (&val)[NT][4]) {
+// hist0[k] (row g) / hist1[k] (row g+8) [table row] += val(k, nt, e) for the nonzero C entries of an mma tile
+// of the four lanes of a quad (which share the rows), for NH histograms k. As in quad_ordered_add, lane t < 3
+// adds column t of the quad's entries, in the fixed order (source lane, tile, entry): bitwise reproducible, and
+// no lane waits for another. Entries e and e + 2 (rows g and g + 8, never the same bin) and the NH histograms
+// are read together and written together: 2·NH read-add-write chains in flight instead of one, as a bin of one
+// chain may be the next entry's (the Nsight profile of the spherical windows: 16-23 % of the gather kernels'
+// stall samples were this loop waiting on its shared-memory round trips).
+template <int NH, int NT, typename Val>
+__device__ __forceinline__ void quad_hist_add_n(float* const (&hist0)[NH], float* const (&hist1)[NH],
+                                                const uint32_t (&rows)[NT][4], const Val& val) {
   const int lane = threadIdx.x & 31, t = lane & 3, quad = lane & ~3;
   __syncwarp();  // the rows' rescaling by other lanes is done
 #pragma unroll
@@ -604,12 +608,48 @@ __device__ __forceinline__ void quad_hist_add(float* hist0, float* hist1, const 
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float v = __shfl_sync(0xffffffffu, val[nt][e], quad + src);
-        const uint32_t r = __shfl_sync(0xffffffffu, rows[nt][e], quad + src);
-        if (t < 3 && v != 0.f) (e < 2 ? hist0 : hist1)[table_row(r, t)] += v;
+      for (int e = 0; e < 2; ++e) {
+        const uint32_t r0 = __shfl_sync(0xffffffffu, rows[nt][e], quad + src);
+        const uint32_t r1 = __shfl_sync(0xffffffffu, rows[nt][e + 2], quad + src);
+        float v0[NH], v1[NH], x0[NH], x1[NH];
+#pragma unroll
+        for (int k = 0; k < NH; ++k) {
+          v0[k] = __shfl_sync(0xffffffffu, val(k, nt, e), quad + src);
+          v1[k] = __shfl_sync(0xffffffffu, val(k, nt, e + 2), quad + src);
+        }
+        if (t < 3) {
+          const int n0 = table_row(r0, t), n1 = table_row(r1, t);
+#pragma unroll
+          for (int k = 0; k < NH; ++k) {
+            x0[k] = hist0[k][n0];
+            x1[k] = hist1[k][n1];
+          }
+#pragma unroll
+          for (int k = 0; k < NH; ++k) {
+            if (v0[k] != 0.f) hist0[k][n0] = x0[k] + v0[k];
+            if (v1[k] != 0.f) hist1[k][n1] = x1[k] + v1[k];
+          }
+        }
       }
   __syncwarp();
+}
+
+// One histogram: hist0 / hist1 [table row] += val.
+template <int NT>
+__device__ __forceinline__ void quad_hist_add(float* hist0, float* hist1, const uint32_t (&rows)[NT][4],
+                                              const float (&val)[NT][4]) {
+  float* const h0[1] = {hist0};
+  float* const h1[1] = {hist1};
+  quad_hist_add_n<1>(h0, h1, rows, [&](int, int nt, int e) { return val[nt][e]; });
+}
+
+// Two histograms of the same pairs (the rows shuffled once): a0 / a1 += va, b0 / b1 += vb.
+template <int NT>
+__device__ __forceinline__ void quad_hist_add2(float* a0, float* a1, const float (&va)[NT][4], float* b0, float* b1,
+                                               const float (&vb)[NT][4], const uint32_t (&rows)[NT][4]) {
+  float* const h0[2] = {a0, b0};
+  float* const h1[2] = {a1, b1};
+  quad_hist_add_n<2>(h0, h1, rows, [&](int k, int nt, int e) { return k == 0 ? va[nt][e] : vb[nt][e]; });
 }
 
 // Table gradient of a 64-row tile on the tensor cores: slot[n][h][c] += f · Σ_r Hist[r][n] · X[r][c] for

@@ -2,9 +2,9 @@
 //
 // permute: a counting sort over experts in three small kernels (per-chunk expert histograms, one flat
 // exclusive scan over the expert-major histogram table, which directly gives every chunk's first row per
-// expert, then ranks inside each chunk), and a row gather with 16-byte loads where the rows allow it. On sm_90+
-// each of the four is launched while the one before it still runs (programmatic dependent launch), so the
-// chain does not wait for a launch at every step.
+// expert, then ranks inside each chunk; small tables skip the scan kernel, every rank CTA laying the experts out
+// itself), and a row gather with 16-byte loads where the rows allow it. On sm_90+ each is launched while the one
+// before it still runs (programmatic dependent launch), so the chain does not wait for a launch at every step.
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
 
@@ -104,28 +104,78 @@ __global__ void moe_scan_kernel(int32_t* hist, int64_t E, int64_t chunks, int64_
   if (threadIdx.x == 0) expert_layout(hist, chunks, total, E, num_out, align, tokens_per_expert, offsets, delta, kept_end);
 }
 
-// Rank of each slot among the slots of its expert (stable in slot order) -> its row, or -1.
+// Histogram tables of at most this many entries are laid out by every rank CTA itself (a warp per expert sums
+// its row of the table, then two block scans over the experts), so that the scan kernel and its launch drop out.
+constexpr int64_t kLayoutInRank = 2048;
+
+// Rank of each slot among the slots of its expert (stable in slot order) -> its row, or -1. The layout comes
+// from the scan kernel (`first`: the scanned table, delta, kept_end) or, with `in_cta`, from the raw table
+// `first`, laid out here; then CTA 0 also writes tokens_per_expert and offsets.
 __global__ void moe_rank_kernel(IntView ids, int64_t slots, int64_t T, int64_t K, int64_t E,
                                 const int32_t* first, int64_t chunks, const int64_t* delta,
-                                const int64_t* kept_end, int32_t* row_id_map, int32_t* src_token) {
-  __shared__ int32_t chunk_ids[kChunk];
+                                const int64_t* kept_end, bool in_cta, int64_t num_out, int64_t align,
+                                int64_t* tokens_per_expert, int64_t* offsets, int32_t* row_id_map,
+                                int32_t* src_token) {
+  __shared__ alignas(16) int32_t chunk_ids[kChunk];
+  __shared__ int64_t warp_sums[32];
+  extern __shared__ int32_t layout[];  // in_cta: [4][E] slots before this chunk, first position, kept, first row
+  int32_t *before = layout, *start = layout + E, *kept = layout + 2 * E, *row0 = layout + 3 * E;
   wait_for_previous_grid();
   allow_next_grid();
   const int64_t s = blockIdx.x * (int64_t)kChunk + threadIdx.x;
   int64_t e = s < slots ? ids[s] : -1;
   if (e < 0 || e >= E) e = -1;
   chunk_ids[threadIdx.x] = static_cast<int32_t>(e);
+  if (in_cta) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int64_t x = warp; x < E; x += kChunk / 32) {
+      int mine = 0, all = 0;
+      for (int64_t c = lane; c < chunks; c += 32) {
+        const int h = first[x * chunks + c];
+        all += h;
+        mine += c < static_cast<int64_t>(blockIdx.x) ? h : 0;
+      }
+      mine = warp_sum(mine);
+      all = warp_sum(all);
+      if (lane == 0) {
+        before[x] = mine;
+        start[x] = kept[x] = all;
+      }
+    }
+    __syncthreads();
+    block_exclusive_scan(start, E, warp_sums);
+    for (int64_t x = threadIdx.x; x < E; x += kChunk) {
+      kept[x] = static_cast<int32_t>(min(max(num_out - start[x], int64_t(0)), static_cast<int64_t>(kept[x])));
+      row0[x] = static_cast<int32_t>((kept[x] + align - 1) / align * align);
+    }
+    __syncthreads();
+    const int64_t rows = block_exclusive_scan(row0, E, warp_sums);
+    if (blockIdx.x == 0) {
+      for (int64_t x = threadIdx.x; x < E; x += kChunk) {
+        tokens_per_expert[x] = kept[x];
+        offsets[x] = row0[x];
+      }
+      if (threadIdx.x == 0) offsets[E] = rows;
+    }
+  }
   __syncthreads();
-  if (s >= slots) return;
+  // Lanes of this warp before this one (a match over the whole warp), then the earlier warps' ids, four at a
+  // time (every lane reads the same word: a broadcast).
+  const unsigned peers = __match_any_sync(0xffffffffu, static_cast<int>(e));
   int32_t row = -1;
   if (e >= 0) {
-    const unsigned peers = __match_any_sync(__activemask(), static_cast<int>(e));
-    const int lane = threadIdx.x & 31;
-    int64_t rank = __popc(peers & ((1u << lane) - 1));
-    for (int j = 0; j < (int)(threadIdx.x & ~31); ++j) rank += chunk_ids[j] == e;  // earlier warps (broadcast)
-    const int64_t pos = first[e * chunks + blockIdx.x] + rank;
-    if (pos < kept_end[e]) row = static_cast<int32_t>(pos + delta[e]);
+    int64_t rank = __popc(peers & ((1u << (threadIdx.x & 31)) - 1));
+    const int4* words = reinterpret_cast<const int4*>(chunk_ids);
+    const int ie = static_cast<int>(e);
+    for (int j = 0; j < static_cast<int>(threadIdx.x >> 5) * 8; ++j) {
+      const int4 w = words[j];
+      rank += (w.x == ie) + (w.y == ie) + (w.z == ie) + (w.w == ie);
+    }
+    const int64_t pos = in_cta ? start[e] + before[e] + rank : first[e * chunks + blockIdx.x] + rank;
+    const int64_t end = in_cta ? start[e] + kept[e] : kept_end[e];
+    if (pos < end) row = static_cast<int32_t>(pos + (in_cta ? row0[e] - start[e] : delta[e]));
   }
+  if (s >= slots) return;
   const int64_t t = s / K, k = s % K;
   row_id_map[k * T + t] = row;
   if (row >= 0) src_token[row] = static_cast<int32_t>(t);
@@ -331,13 +381,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute_cuda(cons
     moe_count_kernel<<<chunks, kChunk, E * sizeof(int32_t), stream>>>(iv, slots, E, hist, chunks);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  launch_after_previous(moe_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream, hist, E, chunks, num_out, align,
-                        tokens_per_expert.mutable_data_ptr<int64_t>(), offsets.mutable_data_ptr<int64_t>(),
-                        scratch64.mutable_data_ptr<int64_t>(), scratch64.mutable_data_ptr<int64_t>() + E);
+  const bool in_cta = chunks > 0 && E * chunks <= kLayoutInRank;
+  if (!in_cta)
+    launch_after_previous(moe_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream, hist, E, chunks, num_out, align,
+                          tokens_per_expert.mutable_data_ptr<int64_t>(), offsets.mutable_data_ptr<int64_t>(),
+                          scratch64.mutable_data_ptr<int64_t>(), scratch64.mutable_data_ptr<int64_t>() + E);
   if (chunks > 0) {
-    launch_after_previous(moe_rank_kernel, dim3(static_cast<unsigned>(chunks)), dim3(kChunk), 0, stream, iv, slots,
-                          T, K, E, static_cast<const int32_t*>(hist), chunks, scratch64.const_data_ptr<int64_t>(),
-                          scratch64.const_data_ptr<int64_t>() + E, row_id_map.mutable_data_ptr<int32_t>(), src);
+    launch_after_previous(moe_rank_kernel, dim3(static_cast<unsigned>(chunks)), dim3(kChunk),
+                          in_cta ? 4 * E * sizeof(int32_t) : 0, stream, iv, slots, T, K, E,
+                          static_cast<const int32_t*>(hist), chunks, scratch64.const_data_ptr<int64_t>(),
+                          scratch64.const_data_ptr<int64_t>() + E, in_cta, num_out, align,
+                          tokens_per_expert.mutable_data_ptr<int64_t>(), offsets.mutable_data_ptr<int64_t>(),
+                          row_id_map.mutable_data_ptr<int32_t>(), src);
   }
   if (rows > 0 && H > 0) {
     SPTR_DISPATCH_FLOATING(x.scalar_type(), "moe_permute_cuda", [&] {
