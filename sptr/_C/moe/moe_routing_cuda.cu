@@ -76,6 +76,16 @@ __device__ int64_t block_exclusive_scan(int32_t* a, int64_t n, int64_t* warp_sum
 // Per expert, from `first` (each expert's first position in the global sorted order at first[e * stride],
 // `total` kept-or-not slots in all): the kept count (the first num_out positions stay), its aligned first row,
 // delta = row - sorted position for kept slots, and the end of its kept positions. One thread.
+// Slots an expert keeps of its sorted positions [start, start + count): the first num_out positions stay.
+__device__ __forceinline__ int64_t kept_slots(int64_t num_out, int64_t start, int64_t count) {
+  return min(max(num_out - start, int64_t(0)), count);
+}
+
+// Rows an expert takes: its kept slots rounded up to a multiple of align.
+__device__ __forceinline__ int64_t aligned_rows(int64_t kept, int64_t align) {
+  return (kept + align - 1) / align * align;
+}
+
 __device__ void expert_layout(const int32_t* first, int64_t stride, int64_t total, int64_t E, int64_t num_out,
                               int64_t align, int64_t* tokens_per_expert, int64_t* offsets, int64_t* delta,
                               int64_t* kept_end) {
@@ -83,12 +93,12 @@ __device__ void expert_layout(const int32_t* first, int64_t stride, int64_t tota
   for (int64_t e = 0; e < E; ++e) {
     const int64_t start = stride ? first[e * stride] : 0;
     const int64_t end = e + 1 < E ? (stride ? first[(e + 1) * stride] : 0) : total;
-    const int64_t kept = min(max(num_out - start, (int64_t)0), end - start);
+    const int64_t kept = kept_slots(num_out, start, end - start);
     tokens_per_expert[e] = kept;
     offsets[e] = row;
     delta[e] = row - start;
     kept_end[e] = start + kept;
-    row += (kept + align - 1) / align * align;
+    row += aligned_rows(kept, align);
   }
   offsets[E] = row;
 }
@@ -145,8 +155,8 @@ __global__ void moe_rank_kernel(IntView ids, int64_t slots, int64_t T, int64_t K
     __syncthreads();
     block_exclusive_scan(start, E, warp_sums);
     for (int64_t x = threadIdx.x; x < E; x += kChunk) {
-      kept[x] = static_cast<int32_t>(min(max(num_out - start[x], int64_t(0)), static_cast<int64_t>(kept[x])));
-      row0[x] = static_cast<int32_t>((kept[x] + align - 1) / align * align);
+      kept[x] = static_cast<int32_t>(kept_slots(num_out, start[x], kept[x]));
+      row0[x] = static_cast<int32_t>(aligned_rows(kept[x], align));
     }
     __syncthreads();
     const int64_t rows = block_exclusive_scan(row0, E, warp_sums);
