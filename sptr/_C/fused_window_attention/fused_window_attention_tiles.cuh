@@ -593,36 +593,40 @@ __device__ __forceinline__ float gather3(const float* x, uint32_t rows) {
 
 // hist0[k] (row g) / hist1[k] (row g+8) [table row] += val(k, nt, e) for the nonzero C entries of an mma tile
 // of the four lanes of a quad (which share the rows), for NH histograms k. As in quad_ordered_add, lane t < 3
-// adds column t of the quad's entries, in the fixed order (source lane, tile, entry): bitwise reproducible, and
-// no lane waits for another. Entries e and e + 2 (rows g and g + 8, never the same bin) and the NH histograms
-// are read together and written together: 2·NH read-add-write chains in flight instead of one, as a bin of one
-// chain may be the next entry's (the Nsight profile of the spherical windows: 16-23 % of the gather kernels'
-// stall samples were this loop waiting on its shared-memory round trips).
+// adds column t of the quad's entries, in a fixed order (source lane t, t + 1, t + 2, t + 3 mod 4, then tile,
+// entry): bitwise reproducible, and no lane waits for another. A lane's own entries come first and need no
+// shuffle (at NT = 4, 96 shuffles a call instead of 128; 144 for two histograms). Entries e and e + 2 (rows g
+// and g + 8, never the same bin) and the NH histograms are read together and written together: 2·NH
+// read-add-write chains in flight instead of one, as a bin of one chain may be the next entry's (the Nsight
+// profile of the spherical windows: 16-23 % of the gather kernels' stall samples were this loop waiting on its
+// shared-memory round trips).
 template <int NH, int NT, typename Val>
 __device__ __forceinline__ void quad_hist_add_n(float* const (&hist0)[NH], float* const (&hist1)[NH],
                                                 const uint32_t (&rows)[NT][4], const Val& val) {
   const int lane = threadIdx.x & 31, t = lane & 3, quad = lane & ~3;
   __syncwarp();  // the rows' rescaling by other lanes is done
 #pragma unroll
-  for (int src = 0; src < 4; ++src)
+  for (int step = 0; step < 4; ++step) {
+    const int src = quad + ((t + step) & 3);
+    auto take = [&](auto x) { return step == 0 ? x : __shfl_sync(0xffffffffu, x, src); };
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const uint32_t r0 = __shfl_sync(0xffffffffu, rows[nt][e], quad + src);
-        const uint32_t r1 = __shfl_sync(0xffffffffu, rows[nt][e + 2], quad + src);
+        const uint32_t r0 = take(rows[nt][e]), r1 = take(rows[nt][e + 2]);
         float v0[NH], v1[NH], x0[NH], x1[NH];
 #pragma unroll
         for (int k = 0; k < NH; ++k) {
-          v0[k] = __shfl_sync(0xffffffffu, val(k, nt, e), quad + src);
-          v1[k] = __shfl_sync(0xffffffffu, val(k, nt, e + 2), quad + src);
+          v0[k] = take(val(k, nt, e));
+          v1[k] = take(val(k, nt, e + 2));
         }
         if (t < 3) {
           const int n0 = table_row(r0, t), n1 = table_row(r1, t);
+          // A zero entry's bin is not read: a masked pair's rows are 0, which is column 0's bin (lane 0's).
 #pragma unroll
           for (int k = 0; k < NH; ++k) {
-            x0[k] = hist0[k][n0];
-            x1[k] = hist1[k][n1];
+            x0[k] = v0[k] != 0.f ? hist0[k][n0] : 0.f;
+            x1[k] = v1[k] != 0.f ? hist1[k][n1] : 0.f;
           }
 #pragma unroll
           for (int k = 0; k < NH; ++k) {
@@ -631,6 +635,7 @@ __device__ __forceinline__ void quad_hist_add_n(float* const (&hist0)[NH], float
           }
         }
       }
+  }
   __syncwarp();
 }
 
