@@ -9,7 +9,8 @@
    at the unrounded 2730 / 5461): sptr (auto dispatch), the sync-free grouped GEMM (device offsets, as the
    layers use it: CUTLASS on sm_90a builds, and the mma.sync kernel it replaces there, SPTR_GROUPED_GEMM=mma),
    two cuBLAS torch.mm calls, and torch._grouped_mm with expert 1 padded to n0 (bf16 only), as TFLOP/s and
-   the share of 790 TFLOP/s.
+   the share of 790 TFLOP/s. `--gemm-orders n1 n4 ...` adds the CUTLASS kernel with other tile orders (here
+   and in 3.; the header line says whether this build has the CUTLASS kernel: 9.0a in TORCH_CUDA_ARCH_LIST).
 3. DualExpertFFN forward+backward at T = 8192, H = 2048, intermediate (11008, 2048), 15 % action tokens,
    bf16: sptr (cuBLAS per expert after one offsets read; the sync-free grouped GEMM, CUTLASS and mma.sync,
    eager and under torch.compile(fullgraph=True)) vs the plain two-expert module, eager and compiled.
@@ -24,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import BF16_FLOPS, HBM_BYTES_PER_S, graph_ms, table, time_ms, warm_up_gpu  # noqa: E402
 
+from sptr import _C  # noqa: E402
 from sptr.layers import DualExpertFFN  # noqa: E402
 from sptr.ops import moe  # noqa: E402
 from sptr.reference.moe import PlainDualExpertFFN  # noqa: E402
@@ -79,18 +81,30 @@ def routing_rows(impl_names=None):
                        "of 4.3 TB/s"]))
 
 
-def mma_kernel(fn):
-    """fn run with SPTR_GROUPED_GEMM=mma: the mma.sync grouped kernel where the CUTLASS one would run."""
+def with_env(fn, **env):
+    """fn run with the given environment variables set (the kernel switches that the extension reads per call)."""
     def run():
-        os.environ["SPTR_GROUPED_GEMM"] = "mma"
+        os.environ.update(env)
         try:
             return fn()
         finally:
-            del os.environ["SPTR_GROUPED_GEMM"]
+            for key in env:
+                del os.environ[key]
     return run
 
 
-def gemm_rows(dtypes):
+def mma_kernel(fn):
+    """fn run with SPTR_GROUPED_GEMM=mma: the mma.sync grouped kernel where the CUTLASS one would run."""
+    return with_env(fn, SPTR_GROUPED_GEMM="mma")
+
+
+def tile_order(order):
+    """A wrapper running fn with the CUTLASS grouped GEMM's tile order `order`, e.g. "n4": N fastest (CUTLASS's
+    grouped default walks M fastest, "m1"), bands of 4 tiles of the other dimension."""
+    return lambda fn: with_env(fn, SPTR_SM90_GEMM_RASTER=order[0], SPTR_SM90_GEMM_SWIZZLE=order[1:])
+
+
+def gemm_rows(dtypes, orders=()):
     rows = []
     for dtype in dtypes:
         for k, rounded in ((2048, True), (4096, True), (2048, False), (4096, False)):
@@ -111,6 +125,8 @@ def gemm_rows(dtypes):
                     ("sptr asym_dual_gmm", lambda: moe.asym_dual_gmm(a0, a1, w0, w1)),
                     ("sptr grouped (no sync)", lambda: moe.grouped_linear(x, [wt0, wt1], off)),
                     ("sptr grouped, mma.sync", mma_kernel(lambda: moe.grouped_linear(x, [wt0, wt1], off))),
+                    *((f"sptr grouped, tile order {o}", tile_order(o)(lambda: moe.grouped_linear(x, [wt0, wt1], off)))
+                      for o in orders),
                     ("2x cuBLAS torch.mm", lambda: (a0 @ w0, a1 @ w1)),
                 ]
                 if dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
@@ -134,7 +150,7 @@ def gemm_rows(dtypes):
     print(table(rows, ["dtype", "m0,m1", "k", "n0,n1", "impl", "µs", "TFLOP/s", "of 790", "vs 2x cuBLAS"]))
 
 
-def ffn_rows():
+def ffn_rows(orders=()):
     T, H, inter = 8192, 2048, (11008, 2048)
     torch.manual_seed(0)
     plain = PlainDualExpertFFN(H, inter).cuda().to(torch.bfloat16)
@@ -151,6 +167,7 @@ def ffn_rows():
              ("sptr DualExpertFFN, grouped (no sync)", grouped, same),
              ("sptr grouped, torch.compile(fullgraph)", torch.compile(grouped, fullgraph=True), same),
              ("sptr grouped, mma.sync kernel", grouped, mma_kernel),
+             *((f"sptr grouped, tile order {o}", grouped, tile_order(o)) for o in orders),
              ("plain module", plain, same), ("plain, torch.compile", compiled, same))
     for name, m, wrap in impls:
         def step(m=m):
@@ -168,12 +185,19 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", default="routing,gemm,ffn")
     parser.add_argument("--routing-impls", nargs="+", help="only these rows of the routing table (e.g. sptr)")
+    parser.add_argument("--gemm-orders", nargs="+", default=[], metavar="ORDER",
+                        help="rows of the CUTLASS grouped GEMM with these tile orders: m or n (the dimension walked "
+                             "fastest) and the swizzle 1/2/4/8, e.g. m1 (the default) n1 n4 m8")
     args = parser.parse_args()
     warm_up_gpu()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    # Without the sm_90a CUTLASS units (TORCH_CUDA_ARCH_LIST without 9.0a), "grouped" rows are the mma.sync kernel.
+    print("grouped GEMM kernel on this build and GPU:",
+          "CUTLASS sm_90a" if _C.has_sm90_grouped_gemm() and torch.cuda.get_device_capability() == (9, 0)
+          else "mma.sync (no CUTLASS kernel: the tile order rows are the default kernel again)")
     if "routing" in args.parts:
         routing_rows(args.routing_impls)
     if "gemm" in args.parts:
-        gemm_rows([torch.bfloat16, torch.float16])
+        gemm_rows([torch.bfloat16, torch.float16], args.gemm_orders)
     if "ffn" in args.parts:
-        ffn_rows()
+        ffn_rows(args.gemm_orders)

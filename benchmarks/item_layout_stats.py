@@ -13,8 +13,9 @@ With --sphereformer-level L the windows are those of the SemanticKITTI U-Net's l
 cubic windows and the spherical ones of cart2sphere(xyz)), and for the spherical branch it also prints how many
 of the radial-bin table's rows each query row's keys span (exponential_split's bins of the radius difference).
 
-Layouts: "64-row items" (today's), "window-cut items" (items never cross a window; large windows split in 64s)
-and "per-warp blocks" (each warp walks only its own rows' key range, in blocks of 32 from its start: no idle
+Layouts: "64-row items" (today's), "window-cut items" (items never cross a window; large windows split in 64s),
+"packed window-cut" (items of whole windows while they fit in 64 rows, a sequential greedy pass) and "per-warp
+blocks" (each warp walks only its own rows' key range, in blocks of 32 from its start: no idle
 slots, at the price of building key-side table terms per warp).
 """
 import argparse
@@ -50,6 +51,23 @@ def walk(items, bounds):
     return slots, busy, tiles
 
 
+def packed_items(starts, counts):
+    """Items of whole windows while they fit in 64 rows (greedy, in order); a larger window is cut in 64s, and its
+    last piece starts a new item that the following whole windows may join."""
+    items, r0, n = [], 0, 0
+    for s, c in zip(starts, counts):
+        if n + c > ROWS and n:
+            items.append((r0, n))
+            r0, n = s, 0
+        while n + c > ROWS:
+            items.append((r0, ROWS))
+            r0, c = r0 + ROWS, c - ROWS
+        n += c
+    if n:
+        items.append((r0, n))
+    return items
+
+
 def per_warp(n_rows, bounds):
     """The same for warps that each walk their own rows' key range."""
     slots = tiles = 0
@@ -78,16 +96,17 @@ def layout_report(title, offsets):
     starts, counts = offsets[:-1].tolist(), (offsets[1:] - offsets[:-1]).tolist()
     bounds = [(s, s + c) for s, c in zip(starts, counts) for _ in range(c)]
     n_rows, pairs = len(bounds), sum(c * c for c in counts)
-    layouts = {
-        "64-row items": walk([(r0, min(ROWS, n_rows - r0)) for r0 in range(0, n_rows, ROWS)], bounds),
-        "window-cut items": walk([(r0, min(ROWS, s + c - r0)) for s, c in zip(starts, counts)
-                                  for r0 in range(s, s + c, ROWS)], bounds),
-        "per-warp blocks": per_warp(n_rows, bounds),
-    }
+    items = {"64-row items": [(r0, min(ROWS, n_rows - r0)) for r0 in range(0, n_rows, ROWS)],
+             "window-cut items": [(r0, min(ROWS, s + c - r0)) for s, c in zip(starts, counts)
+                                  for r0 in range(s, s + c, ROWS)],
+             "packed window-cut": packed_items(starts, counts)}
+    layouts = {name: (*walk(its, bounds), len(its)) for name, its in items.items()}
+    # a warp's own walk counted as an item
+    layouts["per-warp blocks"] = (*per_warp(n_rows, bounds), (n_rows + WARP_ROWS - 1) // WARP_ROWS)
     print(f"{title}: {len(counts)} windows, mean {n_rows / len(counts):.1f} tokens, "
           f"{pairs / n_rows:.1f} pair-weighted, max {max(counts)}, {pairs / 1e6:.1f} M pairs")
-    for name, (slots, busy, tiles) in layouts.items():
-        print(f"  {name:17s} warp-block slots {slots:7d}, busy {busy / slots:6.1%}; "
+    for name, (slots, busy, tiles, items) in layouts.items():
+        print(f"  {name:17s} {items:6d} items, warp-block slots {slots:7d}, busy {busy / slots:6.1%}; "
               f"16x16 tiles {tiles * 256 / 1e6:5.1f} M pair slots, {pairs / (tiles * 256):6.1%} real pairs")
 
 

@@ -46,3 +46,10 @@ def test_radial_bin_spans_by_hand():
     radius = torch.tensor([10.0, 10.0, 10.5, 3.0])
     spans = stats.radial_bin_spans(radius, torch.tensor([0, 3, 4]), 0.0125)
     assert spans.tolist() == [10, 10, 9, 1]
+
+
+def test_packed_items_hold_whole_windows_and_cut_large_ones():
+    # 40 fits; 88 does not join it and is cut at 64, its last 24 rows start an item that 10 and 20 join.
+    assert stats.packed_items([0, 40, 128, 138], [40, 88, 10, 20]) == [(0, 40), (40, 64), (104, 54)]
+    assert stats.packed_items([0, 16, 32, 48], [16] * 4) == [(0, 64)]
+    assert stats.packed_items([0], [65]) == [(0, 64), (64, 1)]

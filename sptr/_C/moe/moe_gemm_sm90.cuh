@@ -24,6 +24,7 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include <sptr/checks.h>
+#include <sptr/env.h>
 
 #include "moe_gemm_sm90.h"
 #include "moe_groups.cuh"
@@ -210,6 +211,14 @@ void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at
       hw};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
+  // Tile order, for bench_moe.py --gemm-orders (not yet measured): CUTLASS's grouped default walks M fastest, so
+  // one wave of 132 CTAs at m = 16384 covers all 128 row tiles of a single 256-column band and A (128 MB at
+  // k = 4096, beyond L2) is read once per band. SPTR_SM90_GEMM_RASTER=n walks N fastest instead, and
+  // SPTR_SM90_GEMM_SWIZZLE=2/4/8 takes bands of that many tiles of the other dimension.
+  using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+  args.scheduler.raster_order = env_is("SPTR_SM90_GEMM_RASTER", "n") ? Raster::AlongN : Raster::AlongM;
+  if (const char* swizzle = std::getenv("SPTR_SM90_GEMM_SWIZZLE"))
+    args.scheduler.max_swizzle_size = std::max(1, std::atoi(swizzle));
 
   typename G::Device gemm;
   SPTR_CHECK_VALUE(gemm.can_implement(args) == cutlass::Status::kSuccess,
