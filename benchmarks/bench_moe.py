@@ -100,8 +100,10 @@ def mma_kernel(fn):
 
 def tile_order(order):
     """A wrapper running fn with the CUTLASS grouped GEMM's tile order `order`, e.g. "n4": N fastest (CUTLASS's
-    grouped default walks M fastest, "m1"), bands of 4 tiles of the other dimension."""
-    return lambda fn: with_env(fn, SPTR_SM90_GEMM_RASTER=order[0], SPTR_SM90_GEMM_SWIZZLE=order[1:])
+    grouped default walks M fastest, "m1"; "auto" picks by the largest problem's tile counts), bands of 4 tiles
+    of the other dimension."""
+    raster = order.rstrip("0123456789")
+    return lambda fn: with_env(fn, SPTR_SM90_GEMM_RASTER=raster, SPTR_SM90_GEMM_SWIZZLE=order[len(raster):] or "1")
 
 
 def gemm_rows(dtypes, orders=()):
@@ -186,8 +188,8 @@ if __name__ == "__main__":
     parser.add_argument("--parts", default="routing,gemm,ffn")
     parser.add_argument("--routing-impls", nargs="+", help="only these rows of the routing table (e.g. sptr)")
     parser.add_argument("--gemm-orders", nargs="+", default=[], metavar="ORDER",
-                        help="rows of the CUTLASS grouped GEMM with these tile orders: m or n (the dimension walked "
-                             "fastest) and the swizzle 1/2/4/8, e.g. m1 (the default) n1 n4 m8")
+                        help="rows of the CUTLASS grouped GEMM with these tile orders: m, n (the dimension walked "
+                             "fastest) or auto, and the swizzle 1/2/4/8, e.g. m1 (the default) n1 n4 m8 auto4")
     args = parser.parse_args()
     warm_up_gpu()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)

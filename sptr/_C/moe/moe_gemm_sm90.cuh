@@ -53,7 +53,8 @@ struct OperandLayouts<Layout::kNT> {
 // ping-pong 128x128x64 tiles without clusters measured 1.2-1.6x slower on the large shapes and at most 1.2x
 // faster on the smallest: benchmarks/RESULTS.md, grouped GEMM step 3.)
 struct TileConfig {
-  using Shape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  static constexpr int kM = 128, kN = 256;
+  using Shape = cute::Shape<cute::Int<kM>, cute::Int<kN>, cute::_64>;
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
@@ -160,6 +161,20 @@ __global__ void setup_kernel(SetupParams P, DeviceArrays<G, Element> out) {
 
 inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
+// The tile order rule under test (SPTR_SM90_GEMM_RASTER=auto): N fastest where the largest problem has more row
+// tiles than column tiles, so that a wave's tiles share rows of A (CUTLASS's rule for single GEMMs, on the
+// extents the host knows: a dynamic m is bounded by range_end).
+inline bool rows_outnumber_columns(Dynamic dynamic, const std::vector<Problem>& problems, int64_t range_end) {
+  int64_t largest = -1;
+  bool more_rows = false;
+  for (const Problem& p : problems) {
+    const int64_t rows = ((dynamic == Dynamic::kRows ? range_end : p.m) + TileConfig::kM - 1) / TileConfig::kM;
+    const int64_t cols = (int64_t{p.n} + TileConfig::kN - 1) / TileConfig::kN;
+    if (rows * cols > largest) largest = rows * cols, more_rows = rows > cols;
+  }
+  return more_rows;
+}
+
 template <Layout L, class Element>
 void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at::Tensor& offsets, int64_t range_end) {
   using G = GroupedGemm<L, Element>;
@@ -213,10 +228,13 @@ void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at
   args.epilogue.thread.beta = 0.0f;
   // Tile order, for bench_moe.py --gemm-orders (not yet measured): CUTLASS's grouped default walks M fastest, so
   // one wave of 132 CTAs at m = 16384 covers all 128 row tiles of a single 256-column band and A (128 MB at
-  // k = 4096, beyond L2) is read once per band. SPTR_SM90_GEMM_RASTER=n walks N fastest instead, and
-  // SPTR_SM90_GEMM_SWIZZLE=2/4/8 takes bands of that many tiles of the other dimension.
+  // k = 4096, beyond L2) is read once per band. SPTR_SM90_GEMM_RASTER=n walks N fastest instead, =auto by
+  // rows_outnumber_columns, and SPTR_SM90_GEMM_SWIZZLE=2/4/8 takes bands of that many tiles of the other
+  // dimension.
   using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
-  args.scheduler.raster_order = env_is("SPTR_SM90_GEMM_RASTER", "n") ? Raster::AlongN : Raster::AlongM;
+  const bool along_n = env_is("SPTR_SM90_GEMM_RASTER", "auto") ? rows_outnumber_columns(dynamic, problems, range_end)
+                                                               : env_is("SPTR_SM90_GEMM_RASTER", "n");
+  args.scheduler.raster_order = along_n ? Raster::AlongN : Raster::AlongM;
   if (const char* swizzle = std::getenv("SPTR_SM90_GEMM_SWIZZLE"))
     args.scheduler.max_swizzle_size = std::max(1, std::atoi(swizzle));
 
