@@ -15,8 +15,8 @@ of the radial-bin table's rows each query row's keys span (exponential_split's b
 
 Layouts: "64-row items" (today's), "window-cut items" (items never cross a window; large windows split in 64s),
 "packed window-cut" (items of whole windows while they fit in 64 rows, a sequential greedy pass) and "per-warp
-blocks" (each warp walks only its own rows' key range, in blocks of 32 from its start: no idle
-slots, at the price of building key-side table terms per warp).
+blocks" (each warp walks only its own rows' key range, in blocks of 32 from its start: no idle slots, at the
+price of building key-side table terms per warp).
 """
 import argparse
 
@@ -105,8 +105,8 @@ def layout_report(title, offsets):
     layouts["per-warp blocks"] = (*per_warp(n_rows, bounds), (n_rows + WARP_ROWS - 1) // WARP_ROWS)
     print(f"{title}: {len(counts)} windows, mean {n_rows / len(counts):.1f} tokens, "
           f"{pairs / n_rows:.1f} pair-weighted, max {max(counts)}, {pairs / 1e6:.1f} M pairs")
-    for name, (slots, busy, tiles, items) in layouts.items():
-        print(f"  {name:17s} {items:6d} items, warp-block slots {slots:7d}, busy {busy / slots:6.1%}; "
+    for name, (slots, busy, tiles, n_items) in layouts.items():
+        print(f"  {name:17s} {n_items:6d} items, warp-block slots {slots:7d}, busy {busy / slots:6.1%}; "
               f"16x16 tiles {tiles * 256 / 1e6:5.1f} M pair slots, {pairs / (tiles * 256):6.1%} real pairs")
 
 
