@@ -14,6 +14,10 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <string_view>
+
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
@@ -24,7 +28,6 @@
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 
 #include <sptr/checks.h>
-#include <sptr/env.h>
 
 #include "moe_gemm_sm90.h"
 #include "moe_groups.cuh"
@@ -232,8 +235,9 @@ void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at
   // rows_outnumber_columns, and SPTR_SM90_GEMM_SWIZZLE=2/4/8 takes bands of that many tiles of the other
   // dimension.
   using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
-  const bool along_n = env_is("SPTR_SM90_GEMM_RASTER", "auto") ? rows_outnumber_columns(dynamic, problems, range_end)
-                                                               : env_is("SPTR_SM90_GEMM_RASTER", "n");
+  const char* raster_env = std::getenv("SPTR_SM90_GEMM_RASTER");
+  const std::string_view raster = raster_env ? raster_env : "m";
+  const bool along_n = raster == "auto" ? rows_outnumber_columns(dynamic, problems, range_end) : raster == "n";
   args.scheduler.raster_order = along_n ? Raster::AlongN : Raster::AlongM;
   if (const char* swizzle = std::getenv("SPTR_SM90_GEMM_SWIZZLE"))
     args.scheduler.max_swizzle_size = std::max(1, std::atoi(swizzle));

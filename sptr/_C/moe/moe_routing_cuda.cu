@@ -73,9 +73,6 @@ __device__ int64_t block_exclusive_scan(int32_t* a, int64_t n, int64_t* warp_sum
   return total;
 }
 
-// Per expert, from `first` (each expert's first position in the global sorted order at first[e * stride],
-// `total` kept-or-not slots in all): the kept count (the first num_out positions stay), its aligned first row,
-// delta = row - sorted position for kept slots, and the end of its kept positions. One thread.
 // Slots an expert keeps of its sorted positions [start, start + count): the first num_out positions stay.
 __device__ __forceinline__ int64_t kept_slots(int64_t num_out, int64_t start, int64_t count) {
   return min(max(num_out - start, int64_t(0)), count);
@@ -86,6 +83,9 @@ __device__ __forceinline__ int64_t aligned_rows(int64_t kept, int64_t align) {
   return (kept + align - 1) / align * align;
 }
 
+// Per expert, from `first` (each expert's first position in the global sorted order at first[e * stride],
+// `total` kept-or-not slots in all): the kept count (the first num_out positions stay), its aligned first row,
+// delta = row - sorted position for kept slots, and the end of its kept positions. One thread.
 __device__ void expert_layout(const int32_t* first, int64_t stride, int64_t total, int64_t E, int64_t num_out,
                               int64_t align, int64_t* tokens_per_expert, int64_t* offsets, int64_t* delta,
                               int64_t* kept_end) {
