@@ -14,10 +14,6 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <string_view>
-
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
@@ -56,8 +52,7 @@ struct OperandLayouts<Layout::kNT> {
 // ping-pong 128x128x64 tiles without clusters measured 1.2-1.6x slower on the large shapes and at most 1.2x
 // faster on the smallest: benchmarks/RESULTS.md, grouped GEMM step 3.)
 struct TileConfig {
-  static constexpr int kM = 128, kN = 256;
-  using Shape = cute::Shape<cute::Int<kM>, cute::Int<kN>, cute::_64>;
+  using Shape = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
@@ -164,20 +159,6 @@ __global__ void setup_kernel(SetupParams P, DeviceArrays<G, Element> out) {
 
 inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-// The tile order rule under test (SPTR_SM90_GEMM_RASTER=auto): N fastest where the largest problem has more row
-// tiles than column tiles, so that a wave's tiles share rows of A (CUTLASS's rule for single GEMMs, on the
-// extents the host knows: a dynamic m is bounded by range_end).
-inline bool rows_outnumber_columns(Dynamic dynamic, const std::vector<Problem>& problems, int64_t range_end) {
-  int64_t largest = -1;
-  bool more_rows = false;
-  for (const Problem& p : problems) {
-    const int64_t rows = ((dynamic == Dynamic::kRows ? range_end : p.m) + TileConfig::kM - 1) / TileConfig::kM;
-    const int64_t cols = (int64_t{p.n} + TileConfig::kN - 1) / TileConfig::kN;
-    if (rows * cols > largest) largest = rows * cols, more_rows = rows > cols;
-  }
-  return more_rows;
-}
-
 template <Layout L, class Element>
 void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at::Tensor& offsets, int64_t range_end) {
   using G = GroupedGemm<L, Element>;
@@ -229,19 +210,8 @@ void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at
       hw};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = 0.0f;
-  // Tile order, for bench_moe.py --gemm-orders (not yet measured): CUTLASS's grouped default walks M fastest, so
-  // one wave of 132 CTAs at m = 16384 covers all 128 row tiles of a single 256-column band and A (128 MB at
-  // k = 4096, beyond L2) is read once per band. SPTR_SM90_GEMM_RASTER=n walks N fastest instead, =auto by
-  // rows_outnumber_columns, and SPTR_SM90_GEMM_SWIZZLE=2/4/8 takes bands of that many tiles of the other
-  // dimension.
-  using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
-  const char* raster_env = std::getenv("SPTR_SM90_GEMM_RASTER");
-  const std::string_view raster = raster_env ? raster_env : "m";
-  const bool along_n = raster == "auto" ? rows_outnumber_columns(dynamic, problems, range_end) : raster == "n";
-  args.scheduler.raster_order = along_n ? Raster::AlongN : Raster::AlongM;
-  if (const char* swizzle = std::getenv("SPTR_SM90_GEMM_SWIZZLE"))
-    args.scheduler.max_swizzle_size = std::max(1, std::atoi(swizzle));
-
+  // CUTLASS's grouped default tile order (M fastest, no swizzle): N fastest and swizzles of 2-8 measured no
+  // faster (H200, interleaved A/B, 0.96-1.01x; benchmarks/RESULTS.md, nineteenth session).
   typename G::Device gemm;
   SPTR_CHECK_VALUE(gemm.can_implement(args) == cutlass::Status::kSuccess,
                    "sm90 grouped GEMM: CUTLASS cannot run these problems");
