@@ -388,6 +388,22 @@ def test_bitwise_reproducible(device):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("T,K,E", [(1, 1, 1), (6144, 1, 2), (700, 3, 8), (1024, 8, 8)])
+def test_permute_one_cta_routing_matches_chunked(monkeypatch, T, K, E):
+    """Small routings take one CTA; SPTR_MOE_ROUTING=chunks runs the chunked chain on the same calls."""
+    x = torch.randn(T, 40, device="cuda", dtype=torch.bfloat16)
+    ids = routing(T, K, E, "cuda", 3, negative=0.1)
+    for num_out, align in ((None, 1), ((T * K) // 3, 8)):
+        one_cta = moe.permute(x, ids, E, num_out, align=align)
+        monkeypatch.setenv("SPTR_MOE_ROUTING", "chunks")
+        chunked = moe.permute(x, ids, E, num_out, align=align)
+        monkeypatch.delenv("SPTR_MOE_ROUTING")
+        for a, b in zip(one_cta, chunked):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_permute_unpermute_no_sync_and_cuda_graph():
     T, K, E, H = 512, 2, 8, 256
     x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)

@@ -11,6 +11,7 @@
 
 #include <sptr/cuda_utils.cuh>
 #include <sptr/dispatch.h>
+#include <sptr/env.h>
 #include <sptr/views.h>
 
 #include "moe_groups.cuh"
@@ -490,7 +491,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute_cuda(cons
   int32_t* hist = src + rows;
   const IntView iv = int_view(ids);
   auto scratch64 = at::empty({2 * E}, idx);
-  if (slots > 0 && slots <= kOneCtaSlots && E <= kOneCtaExperts) {
+  // SPTR_MOE_ROUTING=chunks keeps the chunked chain for small routings too: the benchmarks' A/B of the two.
+  if (slots > 0 && slots <= kOneCtaSlots && E <= kOneCtaExperts && !env_is("SPTR_MOE_ROUTING", "chunks")) {
     const int threads = static_cast<int>(std::min<int64_t>(kOneCtaThreads, (slots + 31) / 32 * 32));
     moe_route_one_cta_kernel<<<1, threads, 0, stream>>>(
         iv, static_cast<int>(slots), static_cast<int>(T), static_cast<int>(K), static_cast<int>(E), num_out, align,
