@@ -63,8 +63,6 @@ def routing_rows(impl_names=None):
         gb = 2 * H * T * (1 + K) / 1e9
         impls = [
             ("sptr", lambda: moe.permute(x, ids, E), lambda: moe.unpermute(y, perm.row_id_map, probs)),
-            # small routings run in one CTA; the chunked chain (what larger ones take) beside it
-            ("sptr, chunked routing", with_env(lambda: moe.permute(x, ids, E), SPTR_MOE_ROUTING="chunks"), None),
             ("argsort+index_select", lambda: torch_permute(x, ids), lambda: torch_unpermute(y_t, order, probs)),
             ("same, torch.compile", lambda: compiled_permute(x, ids), lambda: compiled_unpermute(y_t, order, probs)),
         ]
@@ -72,8 +70,6 @@ def routing_rows(impl_names=None):
             if impl_names and name not in impl_names:
                 continue
             for op, fn in (("permute", fp), ("unpermute", fu)):
-                if fn is None:
-                    continue
                 eager = time_ms(fn) * 1e3
                 try:  # a replayed graph of one call also times the replay's own start (~5 µs); of ten, per call
                     gpu1, gpu = graph_ms(fn) * 1e3, graph_ms(fn, calls=10) * 1e3

@@ -3,15 +3,13 @@
 // permute: a counting sort over experts in three small kernels (per-chunk expert histograms, one flat
 // exclusive scan over the expert-major histogram table, which directly gives every chunk's first row per
 // expert, then ranks inside each chunk; small tables skip the scan kernel, every rank CTA laying the experts out
-// itself; small routings take one kernel of one CTA instead), and a row gather with 16-byte loads where the rows
-// allow it. On sm_90+ each is launched while the one before it still runs (programmatic dependent launch), so
-// the chain does not wait for a launch at every step.
+// itself), and a row gather with 16-byte loads where the rows allow it. On sm_90+ each is launched while the one
+// before it still runs (programmatic dependent launch), so the chain does not wait for a launch at every step.
 #include <ATen/OpMathType.h>
 #include <torch/library.h>
 
 #include <sptr/cuda_utils.cuh>
 #include <sptr/dispatch.h>
-#include <sptr/env.h>
 #include <sptr/views.h>
 
 #include "moe_groups.cuh"
@@ -191,108 +189,6 @@ __global__ void moe_rank_kernel(IntView ids, int64_t slots, int64_t T, int64_t K
   const int64_t t = s / K, k = s % K;
   row_id_map[k * T + t] = row;
   if (row >= 0) src_token[row] = static_cast<int32_t>(t);
-}
-
-// Small routings (at most kOneCtaSlots slots over at most kOneCtaExperts experts: Wall-X's two experts, one
-// token batch) in one CTA, so that the gather waits on one kernel instead of the count-and-rank chain. Thread i
-// holds slots [i·items, (i + 1)·items) (items <= kOneCtaItems), so thread order is slot order: a slot's rank
-// among its expert's slots is its rank inside its thread, plus the expert's slots of earlier lanes of its warp
-// (a warp scan of per-thread counts), plus those of earlier warps (a scan of the warp totals). Per-expert
-// arrays are unrolled over kOneCtaExperts so that they stay in registers.
-constexpr int kOneCtaThreads = 1024, kOneCtaItems = 8, kOneCtaExperts = 8;
-constexpr int64_t kOneCtaSlots = int64_t{kOneCtaThreads} * kOneCtaItems;
-
-__global__ void __launch_bounds__(kOneCtaThreads) moe_route_one_cta_kernel(
-    IntView ids, int slots, int T, int K, int E, int64_t num_out, int64_t align, int64_t* tokens_per_expert,
-    int64_t* offsets, int32_t* row_id_map, int32_t* src_token) {
-  constexpr int X = kOneCtaExperts;
-  __shared__ int32_t warp_before[32][X];  // per warp and expert: slots of the earlier warps
-  __shared__ int32_t start[X], kept[X], row0[X];
-  allow_next_grid();
-  const int items = (slots + blockDim.x - 1) / blockDim.x;
-  const int first = threadIdx.x * items;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  int e_of[kOneCtaItems], rank[kOneCtaItems], count[X];
-#pragma unroll
-  for (int x = 0; x < X; ++x) count[x] = 0;
-#pragma unroll
-  for (int i = 0; i < kOneCtaItems; ++i) {
-    int e = -1;
-    if (i < items && first + i < slots) {
-      const int64_t v = ids[first + i];
-      if (v >= 0 && v < E) e = static_cast<int>(v);
-    }
-    e_of[i] = e;
-    rank[i] = 0;
-#pragma unroll
-    for (int x = 0; x < X; ++x) {
-      rank[i] += x == e ? count[x] : 0;
-      count[x] += x == e;
-    }
-  }
-  // Earlier lanes' slots per expert: an inclusive warp scan of the counts, less the own count.
-  int lanes_before[X];
-#pragma unroll
-  for (int x = 0; x < X; ++x) {
-    int incl = count[x];
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += v;
-    }
-    lanes_before[x] = incl - count[x];
-    if (lane == 31) warp_before[warp][x] = incl;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    // Exclusive scan of the warp totals per expert; lane 31 then holds each expert's total.
-#pragma unroll
-    for (int x = 0; x < X; ++x) {
-      const int total = lane < warps ? warp_before[lane][x] : 0;
-      int incl = total;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += v;
-      }
-      if (lane < warps) warp_before[lane][x] = incl - total;
-      if (lane == 31) start[x] = incl;
-    }
-    __syncwarp();
-    if (lane == 0) {  // the expert layout, serially over <= X experts
-      int64_t sorted = 0, row = 0;
-      for (int x = 0; x < E; ++x) {
-        const int64_t all = start[x];
-        const int64_t k = kept_slots(num_out, sorted, all);
-        start[x] = static_cast<int32_t>(sorted);
-        kept[x] = static_cast<int32_t>(k);
-        row0[x] = static_cast<int32_t>(row);
-        tokens_per_expert[x] = k;
-        offsets[x] = row;
-        sorted += all;
-        row += aligned_rows(k, align);
-      }
-      offsets[E] = row;
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < kOneCtaItems; ++i) {
-    const int s = first + i;
-    if (i >= items || s >= slots) break;
-    const int e = e_of[i];
-    int32_t row = -1;
-    if (e >= 0) {
-      int before = 0;
-#pragma unroll
-      for (int x = 0; x < X; ++x) before += x == e ? lanes_before[x] : 0;
-      const int pos = warp_before[warp][e] + before + rank[i];  // among the expert's slots
-      if (pos < kept[e]) row = row0[e] + pos;
-    }
-    const int t = s / K, k = s - t * K;
-    row_id_map[k * T + t] = row;
-    if (row >= 0) src_token[row] = t;
-  }
 }
 
 // Row copies in vectors of V elements: thread (x, y) of a block takes columns x, x + bx, ... of row y.
@@ -491,32 +387,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_permute_cuda(cons
   int32_t* hist = src + rows;
   const IntView iv = int_view(ids);
   auto scratch64 = at::empty({2 * E}, idx);
-  // SPTR_MOE_ROUTING=chunks keeps the chunked chain for small routings too: the benchmarks' A/B of the two.
-  if (slots > 0 && slots <= kOneCtaSlots && E <= kOneCtaExperts && !env_is("SPTR_MOE_ROUTING", "chunks")) {
-    const int threads = static_cast<int>(std::min<int64_t>(kOneCtaThreads, (slots + 31) / 32 * 32));
-    moe_route_one_cta_kernel<<<1, threads, 0, stream>>>(
-        iv, static_cast<int>(slots), static_cast<int>(T), static_cast<int>(K), static_cast<int>(E), num_out, align,
-        tokens_per_expert.mutable_data_ptr<int64_t>(), offsets.mutable_data_ptr<int64_t>(),
-        row_id_map.mutable_data_ptr<int32_t>(), src);
+  if (chunks > 0) {
+    moe_count_kernel<<<chunks, kChunk, E * sizeof(int32_t), stream>>>(iv, slots, E, hist, chunks);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-  } else {
-    if (chunks > 0) {
-      moe_count_kernel<<<chunks, kChunk, E * sizeof(int32_t), stream>>>(iv, slots, E, hist, chunks);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-    const bool in_cta = chunks > 0 && E * chunks <= kLayoutInRank;
-    if (!in_cta)
-      launch_after_previous(moe_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream, hist, E, chunks, num_out, align,
-                            tokens_per_expert.mutable_data_ptr<int64_t>(), offsets.mutable_data_ptr<int64_t>(),
-                            scratch64.mutable_data_ptr<int64_t>(), scratch64.mutable_data_ptr<int64_t>() + E);
-    if (chunks > 0) {
-      launch_after_previous(moe_rank_kernel, dim3(static_cast<unsigned>(chunks)), dim3(kChunk),
-                            in_cta ? 4 * E * sizeof(int32_t) : 0, stream, iv, slots, T, K, E,
-                            static_cast<const int32_t*>(hist), chunks, scratch64.const_data_ptr<int64_t>(),
-                            scratch64.const_data_ptr<int64_t>() + E, in_cta, num_out, align,
-                            tokens_per_expert.mutable_data_ptr<int64_t>(), offsets.mutable_data_ptr<int64_t>(),
-                            row_id_map.mutable_data_ptr<int32_t>(), src);
-    }
+  }
+  const bool in_cta = chunks > 0 && E * chunks <= kLayoutInRank;
+  if (!in_cta)
+    launch_after_previous(moe_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream, hist, E, chunks, num_out, align,
+                          tokens_per_expert.mutable_data_ptr<int64_t>(), offsets.mutable_data_ptr<int64_t>(),
+                          scratch64.mutable_data_ptr<int64_t>(), scratch64.mutable_data_ptr<int64_t>() + E);
+  if (chunks > 0) {
+    launch_after_previous(moe_rank_kernel, dim3(static_cast<unsigned>(chunks)), dim3(kChunk),
+                          in_cta ? 4 * E * sizeof(int32_t) : 0, stream, iv, slots, T, K, E,
+                          static_cast<const int32_t*>(hist), chunks, scratch64.const_data_ptr<int64_t>(),
+                          scratch64.const_data_ptr<int64_t>() + E, in_cta, num_out, align,
+                          tokens_per_expert.mutable_data_ptr<int64_t>(), offsets.mutable_data_ptr<int64_t>(),
+                          row_id_map.mutable_data_ptr<int32_t>(), src);
   }
   if (rows > 0 && H > 0) {
     SPTR_DISPATCH_FLOATING(x.scalar_type(), "moe_permute_cuda", [&] {
