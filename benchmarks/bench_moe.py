@@ -191,8 +191,7 @@ if __name__ == "__main__":
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     # Without the sm_90a CUTLASS units (TORCH_CUDA_ARCH_LIST without 9.0a), "grouped" rows are the mma.sync kernel.
     print("grouped GEMM kernel on this build and GPU:",
-          "CUTLASS sm_90a" if _C.has_sm90_grouped_gemm() and torch.cuda.get_device_capability() == (9, 0)
-          else "mma.sync")
+          "CUTLASS sm_90a" if _C.sm90_grouped_gemm_runs() else "mma.sync")
     if "routing" in args.parts:
         routing_rows(args.routing_impls)
     if "gemm" in args.parts:

@@ -20,3 +20,10 @@ def has_sm90_grouped_gemm() -> bool:
     """True when the library holds the CUTLASS grouped GEMM of the MoE ops (built for sm_90a); it runs on compute
     capability 9.0 devices, the mma.sync kernel everywhere else."""
     return bool(_kernels.built_with_sm90a)
+
+
+def sm90_grouped_gemm_runs() -> bool:
+    """True when the grouped linear ops take the CUTLASS kernel on the current CUDA device for 16-byte aligned
+    fp16/bf16 operands: the library holds it and the device has compute capability 9.0 (a call made with
+    SPTR_GROUPED_GEMM=mma still takes the mma.sync kernel)."""
+    return has_sm90_grouped_gemm() and torch.cuda.get_device_capability() == (9, 0)
