@@ -20,20 +20,25 @@ def leading(rows, cols, ld, dtype, scale=1.0):
 
 
 # counts per group (the rows before the first group and after the last one belong to no group), (n, k) per
-# group, parts per group, and the leading dimension of x and of the weights.
+# group, parts per group, the leading dimension of x and of the weights, and the forward's tiles on Hopper
+# (grouped_gemm's rule: 64x64 where 128x256 tiles, each group taken to hold all rows, number at most one per
+# multiprocessor; 114-132 on Hopper parts).
 CASES = {
-    "gate_up_parts": ([300, 0, 77], [(136, 64), (72, 64), (40, 64)], 2, 64, 64),
-    "odd_extents": ([150, 260], [(48, 37), (45, 37)], 1, 40, 40),
-    "many_groups": ([(7 * g) % 23 for g in range(40)], [(16, 32)] * 40, 1, 32, 32),
-    "several_tiles": ([700, 300], [(520, 256), (264, 256)], 2, 256, 256),
+    "gate_up_parts": ([300, 0, 77], [(136, 64), (72, 64), (40, 64)], 2, 64, 64, "64x64"),
+    "odd_extents": ([150, 260], [(48, 37), (45, 37)], 1, 40, 40, "64x64"),
+    "many_groups": ([(7 * g) % 23 for g in range(40)], [(16, 32)] * 40, 1, 32, 32, "128x256"),
+    "several_tiles": ([700, 300], [(520, 256), (264, 256)], 2, 256, 256, "64x64"),
+    "rows_past_one_wave": ([3000, 1, 600], [(520, 128), (264, 128), (72, 128)], 1, 128, 128, "128x256"),
 }
+# Each configuration's kernel policy, as it appears in the CUTLASS kernel's name.
+TILE_POLICY = {"64x64": "Pingpong", "128x256": "Cooperative"}
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
 @pytest.mark.parametrize("case", list(CASES))
 def test_grouped_linear_forward_and_backward(dtype, case):
     torch.manual_seed(0)
-    counts, shapes, P, ldx, ldw = CASES[case]
+    counts, shapes, P, ldx, ldw, tiles = CASES[case]
     kx = max(k for _, k in shapes)
     R = sum(counts) + 9
     x = leading(R, kx, ldx, dtype).requires_grad_()
@@ -42,9 +47,9 @@ def test_grouped_linear_forward_and_backward(dtype, case):
     off = torch.tensor([start] + [start + c for c in torch.tensor(counts).cumsum(0).tolist()], device="cuda")
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         out = moe.grouped_linear(x, weights, off)
-        g = torch.randn_like(out)
-        out.backward(g)
         torch.cuda.synchronize()
+    g = torch.randn_like(out)
+    out.backward(g)
     x64 = x.detach().double().requires_grad_()
     w64 = [w.detach().double().requires_grad_() for w in weights]
     stacked = [torch.cat(w64[i * P:(i + 1) * P]) for i in range(len(counts))]
@@ -59,7 +64,9 @@ def test_grouped_linear_forward_and_backward(dtype, case):
         names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         if not names:  # CUPTI taken by another tool (compute-sanitizer): the values above were still checked
             pytest.skip("the profiler recorded no CUDA kernels, so which GEMM ran is unknown")
-        assert any("cutlass" in n for n in names), f"the CUTLASS grouped GEMM did not run: {sorted(set(names))}"
+        gemms = [n for n in names if "cutlass" in n]
+        assert gemms, f"the CUTLASS grouped GEMM did not run: {sorted(set(names))}"
+        assert all(TILE_POLICY[tiles] in n for n in gemms), f"not the {tiles} tiles: {gemms}"
 
 
 def test_empty_group_weight_gradient_is_zero():

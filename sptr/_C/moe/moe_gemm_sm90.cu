@@ -22,6 +22,21 @@ bool available(const at::Tensor& t) {
 #endif
 }
 
+#ifdef SPTR_WITH_SM90A
+// Whether 64x64 tiles run these row-major problems (kTN, kNN): where 128x256 tiles could not give every
+// multiprocessor one tile even if each group held all `rows` rows (the host knows their sum's bound, not the
+// groups' sizes), as for a few dozen rows per group. Measured (benchmarks/RESULTS.md, twentieth session): 2.2x
+// faster than 128x256 tiles at 64 rows per group, 1.7-2.2x slower on the large shapes; 64x128 tiles in between.
+static bool small_tiles(const std::vector<Problem>& problems, Dynamic dynamic, int64_t rows, int64_t device) {
+  int64_t tiles = 0;
+  for (const Problem& p : problems) {
+    const int64_t m = dynamic == Dynamic::kStatic ? p.m : rows;
+    tiles += (p.n + 255) / 256 * ((m + 127) / 128);
+  }
+  return tiles <= at::cuda::getDeviceProperties(device)->multiProcessorCount;
+}
+#endif
+
 void grouped_gemm(Layout layout, at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem>& problems,
                   const at::Tensor& offsets, int64_t range_end) {
 #ifdef SPTR_WITH_SM90A
@@ -31,10 +46,15 @@ void grouped_gemm(Layout layout, at::ScalarType dtype, Dynamic dynamic, const st
   SPTR_CHECK_VALUE(dynamic != Dynamic::kReduction || layout == Layout::kNT,
                    "sm90 grouped GEMM: a reduction from offsets needs k-strided A and B (layout NT)");
   if (problems.empty()) return;
+  const bool small = layout != Layout::kNT && small_tiles(problems, dynamic, range_end, at::cuda::current_device());
   switch (layout) {
-    case Layout::kTN: run_layout<Layout::kTN>(dtype, dynamic, problems, offsets, range_end); break;
-    case Layout::kNN: run_layout<Layout::kNN>(dtype, dynamic, problems, offsets, range_end); break;
-    case Layout::kNT: run_layout<Layout::kNT>(dtype, dynamic, problems, offsets, range_end); break;
+    case Layout::kTN:
+      if (small) return run_layout<Layout::kTN, Tiles64x64>(dtype, dynamic, problems, offsets, range_end);
+      return run_layout<Layout::kTN, Tiles128x256>(dtype, dynamic, problems, offsets, range_end);
+    case Layout::kNN:
+      if (small) return run_layout<Layout::kNN, Tiles64x64>(dtype, dynamic, problems, offsets, range_end);
+      return run_layout<Layout::kNN, Tiles128x256>(dtype, dynamic, problems, offsets, range_end);
+    case Layout::kNT: return run_layout<Layout::kNT, Tiles128x256>(dtype, dynamic, problems, offsets, range_end);
   }
 #else
   (void)layout, (void)dtype, (void)dynamic, (void)problems, (void)offsets, (void)range_end;

@@ -1,10 +1,10 @@
-// The CUTLASS side of moe_gemm_sm90.h: one kernel type per (layout, dtype), instantiated in its own
-// translation unit (moe_gemm_sm90_<layout>.cu) so that the build compiles them in parallel.
+// The CUTLASS side of moe_gemm_sm90.h: one kernel type per (layout, tiles, dtype), instantiated in its own
+// translation unit (moe_gemm_sm90_<layout>[_<tiles>].cu) so that the build compiles them in parallel.
 //
-// Kernel (TileConfig): 128x256x64 tiles, 2x1 clusters (TMA multicast of B), two consumer warpgroups
-// (cooperative), the pipeline depth that fills the rest of shared memory; a persistent grid of one CTA per SM
-// walks the tiles of all problems. The problem list lives in device memory and is written by setup_kernel from
-// the group offsets, so the host never learns the groups' sizes.
+// Kernels (the tile configurations below): TMA loads and stores, wgmma, the pipeline depth that fills the rest
+// of shared memory; a persistent grid of one CTA per SM walks the tiles of all problems. The problem list lives
+// in device memory and is written by setup_kernel from the group offsets, so the host never learns the groups'
+// sizes.
 #pragma once
 // Without NDEBUG, device asserts are function calls inside the mainloop and ptxas serialises the wgmma pipeline
 // (warning C7510). A unit includes this header first, so that every header sees it.
@@ -50,17 +50,25 @@ struct OperandLayouts<Layout::kNT> {
   using B = cutlass::layout::RowMajor;
 };
 
-// The tile configuration: 128x256x64 tiles, 2x1 clusters, cooperative kernel and epilogue. (Cooperative and
-// ping-pong 128x128x64 tiles without clusters measured 1.2-1.6x slower on the large shapes and at most 1.2x
-// faster on the smallest: benchmarks/RESULTS.md, grouped GEMM step 3.)
-struct TileConfig {
+// The tile configurations (grouped_gemm picks one per call). Tiles128x256: 128x256x64 tiles, 2x1 clusters,
+// cooperative kernel and epilogue, for every layout. (Cooperative and ping-pong 128x128x64 tiles without clusters
+// measured 1.2-1.6x slower on the large shapes, 256x128 tiles 1.0-1.1x slower: benchmarks/RESULTS.md, grouped
+// GEMM step 3 and the twentieth session.) Tiles64x64: ping-pong 64x64x64 tiles for problems of few rows (kTN,
+// kNN): 2x more multiprocessors busy per 64 rows than 64x128 tiles.
+struct Tiles128x256 {
   using Shape = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using Cluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
+struct Tiles64x64 {
+  using Shape = cute::Shape<cute::_64, cute::_64, cute::_64>;
+  using Cluster = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
 
-template <Layout L, class Element>
+template <Layout L, class Element, class TileConfig>
 struct GroupedGemm {
   using LayoutA = typename OperandLayouts<L>::A;
   using LayoutB = typename OperandLayouts<L>::B;
@@ -68,13 +76,13 @@ struct GroupedGemm {
   static constexpr int kAlign = 16 / sizeof(Element);  // 16-byte TMA alignment
 
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-  using TileShape = TileConfig::Shape;
-  using ClusterShape = TileConfig::Cluster;
+  using TileShape = typename TileConfig::Shape;
+  using ClusterShape = typename TileConfig::Cluster;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlign, Element, LayoutD*, kAlign,
-      TileConfig::EpilogueSchedule,
+      typename TileConfig::EpilogueSchedule,
       cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -82,7 +90,7 @@ struct GroupedGemm {
       TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      TileConfig::Schedule>::CollectiveOp;
+      typename TileConfig::Schedule>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -161,9 +169,9 @@ __global__ void setup_kernel(SetupParams P, DeviceArrays<G, Element> out) {
 
 inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
-template <Layout L, class Element>
+template <Layout L, class Element, class Tiles>
 void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at::Tensor& offsets, int64_t range_end) {
-  using G = GroupedGemm<L, Element>;
+  using G = GroupedGemm<L, Element, Tiles>;
   const int device = at::cuda::current_device();
   auto stream = at::cuda::getCurrentCUDAStream();
   const auto bytes = at::TensorOptions(at::kByte).device(at::kCUDA, device);
@@ -224,22 +232,22 @@ void run_grouped(Dynamic dynamic, const std::vector<Problem>& problems, const at
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Declared in moe_gemm_sm90.h; each translation unit instantiates one (layout, tile) pair, fp16 and bf16.
-template <Layout L>
+// Declared in moe_gemm_sm90.h; each translation unit instantiates one (layout, tiles) pair, fp16 and bf16.
+template <Layout L, class Tiles>
 void run_layout(at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem>& problems,
                 const at::Tensor& offsets, int64_t range_end) {
   if (dtype == at::kHalf) {
-    run_grouped<L, cutlass::half_t>(dynamic, problems, offsets, range_end);
+    run_grouped<L, cutlass::half_t, Tiles>(dynamic, problems, offsets, range_end);
   } else {
-    run_grouped<L, cutlass::bfloat16_t>(dynamic, problems, offsets, range_end);
+    run_grouped<L, cutlass::bfloat16_t, Tiles>(dynamic, problems, offsets, range_end);
   }
 }
 
 }  // namespace sptr::sm90
 
-// The explicit instantiation of run_layout<Layout::L> that a translation unit holds.
-#define SPTR_SM90_INSTANTIATE(L)                                                                             \
-  namespace sptr::sm90 {                                                                                     \
-  template void run_layout<Layout::L>(at::ScalarType, Dynamic, const std::vector<Problem>&, const at::Tensor&, \
-                                      int64_t);                                                              \
+// The explicit instantiation of run_layout<Layout::L, Tiles> that a translation unit holds.
+#define SPTR_SM90_INSTANTIATE(L, Tiles)                                                                         \
+  namespace sptr::sm90 {                                                                                        \
+  template void run_layout<Layout::L, Tiles>(at::ScalarType, Dynamic, const std::vector<Problem>&,               \
+                                             const at::Tensor&, int64_t);                                       \
   }

@@ -38,9 +38,14 @@ inline bool tma_aligned(const void* p, int64_t ld, int64_t element_size) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (ld * element_size) % 16 == 0;
 }
 
-// One layout's kernels, fp16 and bf16: defined in moe_gemm_sm90.cuh, instantiated each in a translation unit of
-// its own (moe_gemm_sm90_<layout>.cu) so that the build compiles them in parallel.
-template <Layout L>
+// The tile configurations (defined in moe_gemm_sm90.cuh; grouped_gemm picks one per call).
+struct Tiles128x256;
+struct Tiles64x64;
+
+// One layout's kernels of one tile configuration, fp16 and bf16: defined in moe_gemm_sm90.cuh, instantiated each
+// in a translation unit of its own (moe_gemm_sm90_<layout>[_<tiles>].cu) so that the build compiles them in
+// parallel.
+template <Layout L, class Tiles>
 void run_layout(at::ScalarType dtype, Dynamic dynamic, const std::vector<Problem>& problems,
                 const at::Tensor& offsets, int64_t range_end);
 
