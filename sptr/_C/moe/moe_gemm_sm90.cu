@@ -26,7 +26,7 @@ bool available(const at::Tensor& t) {
 // Whether 64x64 tiles run these row-major problems (kTN, kNN): where 128x256 tiles could not give every
 // multiprocessor one tile even if each group held all `rows` rows (the host knows their sum's bound, not the
 // groups' sizes), as for a few dozen rows per group. Measured (benchmarks/RESULTS.md, twentieth session): 2.2x
-// faster than 128x256 tiles at 64 rows per group, 1.7-2.2x slower on the large shapes; 64x128 tiles in between.
+// faster than 128x256 tiles at 64 rows per group, 1.7-2.7x slower on the large shapes; 64x128 tiles in between.
 static bool small_tiles(const std::vector<Problem>& problems, Dynamic dynamic, int64_t rows, int64_t device) {
   int64_t tiles = 0;
   for (const Problem& p : problems) {
