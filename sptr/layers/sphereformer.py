@@ -19,15 +19,16 @@ from ..ops.windowing import check_points, get_indices_params, to_3d_numpy
 from .config import LayerConfig, check_fraction, check_positive, check_sizes
 from .layer_norm import LayerNorm
 from .sparse_tensor import SparseTrTensor, check_features
-from .var_length_attention import attend_in_windows, check_attention_path, quant_grid_length
+from .var_length_attention import attend_in_windows, cached_windows, check_attention_path, quant_grid_length
 
 
 def cart2sphere(xyz: torch.Tensor) -> torch.Tensor:
     """(θ, β, r) in degrees / metres, float32, in SphereFormer's operation order."""
     x, y, z = xyz[:, 0], xyz[:, 1], xyz[:, 2]
+    xy2 = x ** 2 + y ** 2  # once for both uses: r's x² + y² + z² adds in the same order
     theta = (torch.atan2(y, x) + math.pi) * 180 / math.pi
-    beta = torch.atan2(torch.sqrt(x ** 2 + y ** 2), z) * 180 / math.pi
-    r = torch.sqrt(x ** 2 + y ** 2 + z ** 2)
+    beta = torch.atan2(torch.sqrt(xy2), z) * 180 / math.pi
+    r = torch.sqrt(xy2 + z ** 2)
     return torch.stack([theta, beta, r], -1)
 
 
@@ -114,13 +115,13 @@ class SparseMultiheadSASphereConcat(nn.Module):
         both = self.rel_query and self.rel_key
         return (tables[0] if both else None, tables[1] if both else None, tables[2] if self.rel_value else None)
 
-    def _fused(self, sptr_tensor, key, q, k, v, xyz, batch, window, quant, qgl, tables, radial_a=None):
+    def _fused(self, windows, q, k, v, xyz, window, quant, qgl, tables, radial_a=None):
         dtype = self.attention_dtype
         tables = tuple(cast(t, dtype) for t in self._logit_and_value_tables(tables))
         # attention_dtype decides, not autocast (which would cast the fused op's inputs to its own dtype)
         with torch.autocast(q.device.type, enabled=False):
-            return attend_in_windows(sptr_tensor, key, cast(q, dtype), cast(k, dtype), cast(v, dtype), xyz, batch,
-                                     window, self.shift_win, self.scale, quant, qgl, tables, radial_a)
+            return attend_in_windows(windows, cast(q, dtype), cast(k, dtype), cast(v, dtype), xyz, window,
+                                     self.shift_win, self.scale, quant, qgl, tables, radial_a)
 
     def _step(self, q, k, v, xyz, params, window, quant, qgl, tables, split_func=None):
         index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx = params
@@ -152,20 +153,26 @@ class SparseMultiheadSASphereConcat(nn.Module):
         n, c = feats.shape
         h, d = self.num_heads, self.head_dim
         h1 = h // 2
+        xyz_sphere = cart2sphere(xyz.float())
+        if self.attention == "fused":
+            # Both branches' windows first: window_sort reads its window count on the host (a stream sync), and
+            # here the second read does not wait for the first branch's attention kernels.
+            cubic_windows = cached_windows(sptr_tensor, f"{self.indice_key}/cubic", xyz, batch, self.window_size,
+                                           self.shift_win)
+            sphere_windows = cached_windows(sptr_tensor, f"{self.indice_key}/sphere", xyz_sphere, batch,
+                                            self.window_size_sphere, self.shift_win)
         # split + unbind: their backwards are one cat and two stacks into the qkv gradient; indexing q, k, v
         # and then their head halves cost a zero-filled full-size gradient per slice and the adds of them
         cubic_qkv, sphere_qkv = self.qkv(feats).reshape(n, 3, h, d).split([h1, h - h1], 2)
         cubic_qkv, sphere_qkv = cubic_qkv.unbind(1), sphere_qkv.unbind(1)
-        xyz_sphere = cart2sphere(xyz.float())
         cubic_tables = (self.relative_pos_query_table, self.relative_pos_key_table, self.relative_pos_value_table)
         sphere_tables = (self.relative_pos_query_table_sphere, self.relative_pos_key_table_sphere,
                          self.relative_pos_value_table_sphere)
         cubic_args = (self.window_size, self.quant_size, self.quant_grid_length, cubic_tables)
         sphere_args = (self.window_size_sphere, self.quant_size_sphere, self.quant_grid_length_sphere, sphere_tables)
         if self.attention == "fused":
-            out_cubic = self._fused(sptr_tensor, f"{self.indice_key}/cubic", *cubic_qkv, xyz, batch, *cubic_args)
-            out_sphere = self._fused(sptr_tensor, f"{self.indice_key}/sphere", *sphere_qkv, xyz_sphere, batch,
-                                     *sphere_args, radial_a=self.a)
+            out_cubic = self._fused(cubic_windows, *cubic_qkv, xyz, *cubic_args)
+            out_sphere = self._fused(sphere_windows, *sphere_qkv, xyz_sphere, *sphere_args, radial_a=self.a)
         else:
             cubic, sphere = self._step_indices(sptr_tensor, xyz, xyz_sphere, batch)
             out_cubic = self._step(*cubic_qkv, xyz, cubic, *cubic_args)

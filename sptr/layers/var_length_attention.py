@@ -45,13 +45,13 @@ def cached_windows(sptr_tensor, key, xyz, batch, window_size, shift_win):
                           lambda: window_partition(xyz, batch, window_size, shift_win))
 
 
-def attend_in_windows(sptr_tensor, key, q, k, v, xyz, batch, window_size, shift_win, scale, quant_size=None,
-                      quant_grid_length=None, tables=(None, None, None), radial_a=None):
-    """The fused attention of a layer over its (cached) windows of ``xyz``. The window offsets and quantised
-    coordinates are built here from points whose coordinates ``window_partition`` checked, so they are valid
-    by construction (a relative position pushed past the table by rounding at a window's edge is clamped to
-    it by the kernel); their value checks would only add a host sync to every call, and are skipped."""
-    sort_idx, offsets = cached_windows(sptr_tensor, key, xyz, batch, window_size, shift_win)
+def attend_in_windows(windows, q, k, v, xyz, window_size, shift_win, scale, quant_size=None, quant_grid_length=None,
+                      tables=(None, None, None), radial_a=None):
+    """The fused attention of a layer over ``windows`` of ``xyz`` (:func:`cached_windows`). The window offsets
+    and quantised coordinates are built from points whose coordinates ``window_partition`` checked, so they are
+    valid by construction (a relative position pushed past the table by rounding at a window's edge is clamped
+    to it by the kernel); their value checks would only add a host sync to every call, and are skipped."""
+    sort_idx, offsets = windows
     with data_checks(False):
         return fused_sparse_self_attention(q, k, v, xyz, sort_idx, offsets, window_size, shift_win, scale,
                                            quant_size, quant_grid_length, tables, radial_a)
@@ -204,9 +204,11 @@ class VarLengthMultiheadSA(nn.Module):
         n, h, d = query.shape[0], self.num_heads, self.head_dim
         q, k, v = (lin(x).reshape(n, h, d) for lin, x in ((self.q, query), (self.k, key), (self.v, value)))
         contextual = self.pe_type == "contextual"
-        return attend_in_windows(sptr_tensor, f"{self.indice_key}/fused", q, k, v, xyz, batch, self.window_size,
-                                 self.shift_win, self.scale, self.quant_size if contextual else None,
-                                 self.quant_grid_length if contextual else None, self._tables())
+        windows = cached_windows(sptr_tensor, f"{self.indice_key}/fused", xyz, batch, self.window_size,
+                                 self.shift_win)
+        quant = (self.quant_size, self.quant_grid_length) if contextual else (None, None)
+        return attend_in_windows(windows, q, k, v, xyz, self.window_size, self.shift_win, self.scale, *quant,
+                                 self._tables())
 
     def _step(self, sptr_tensor, query, key, value, xyz, batch):
         n, c = query.shape

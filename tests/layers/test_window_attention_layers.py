@@ -99,6 +99,39 @@ def test_fused_layers_check_values_only_when_building_windows(monkeypatch):
     assert runs == [partition]
 
 
+def test_cart2sphere_is_the_published_arithmetic_to_the_bit():
+    xyz = ring_scan(5000, torch.Generator().manual_seed(3))
+    x, y, z = xyz[:, 0], xyz[:, 1], xyz[:, 2]
+    theta = (torch.atan2(y, x) + np.pi) * 180 / np.pi
+    beta = torch.atan2(torch.sqrt(x ** 2 + y ** 2), z) * 180 / np.pi
+    r = torch.sqrt(x ** 2 + y ** 2 + z ** 2)
+    assert torch.equal(cart2sphere(xyz), torch.stack([theta, beta, r], -1))
+
+
+def test_sphereformer_builds_both_window_partitions_before_attending():
+    """window_sort reads its window count on the host (a CUDA stream sync): both branches' partitions come
+    before the first attention kernel, so that the second read does not wait for the first branch's attention.
+    The op order is the same on every device: recorded on the CPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpOrder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.name())
+            return func(*args, **(kwargs or {}))
+
+    xyz, batch, feats = points()
+    block = SphereFormer(SphereFormerConfig(window_size=(0.6, 0.6, 0.6), quant_size=(0.05, 0.05, 0.05)))
+    with torch.no_grad(), OpOrder() as order:
+        block(feats, xyz, batch)
+    sorts = [i for i, op in enumerate(order.ops) if op == "sptr::window_sort"]
+    attends = [i for i, op in enumerate(order.ops) if op.startswith("sptr::window_attention")]
+    assert len(sorts) == 2 and attends and max(sorts) < min(attends), order.ops
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_sphereformer_attention_on_cached_windows_never_syncs_the_host():
