@@ -27,8 +27,14 @@ TORCH_LIBRARY(sptr, m) {
   // Window attention (SparseTransformer pair layout). Pair ops take int32/int64 indices and
   // int8/16/32/64 rel_idx; absent tables give empty gradient tensors.
   m.def("window_precompute_all(Tensor counts, int num_points) -> (Tensor, Tensor, Tensor, Tensor)");
-  // int64 window cell key per point -> (stable window-major order, int32 window offsets (W+1)).
+  // The int64 window cell key of each point (torch_cluster's grid rule; the origin is `start`, else the column
+  // minima; `shift` moves the points by half a cell), and from the keys (stable window-major order, int32
+  // window offsets (W+1)).
+  m.def("window_cells(Tensor xyz, Tensor batch, Tensor size, Tensor? start, bool shift) -> Tensor");
   m.def("window_sort(Tensor cells) -> (Tensor, Tensor)");
+  // Each point's int32 quantisation cell inside its window (float32 sizes), in `order` (window order) if given.
+  m.def("window_quantised_coords(Tensor xyz, Tensor? order, Tensor window_size, Tensor quant_size, bool shift) -> "
+        "Tensor");
   // LayerNorm over the last dimension: (y, mean, rstd), statistics [rows] in the op-math type; the backward
   // gives (dx, dweight, dbias), the last two empty where there is no weight / bias.
   m.def("layer_norm_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)");

@@ -135,9 +135,8 @@ def fused_sparse_self_attention(query, key, value, xyz, sort_idx, window_offsets
     if any(t is not None for t in tables):
         if quant_size is None or quant_grid_length is None:
             raise ValueError("relative-position tables need quant_size and quant_grid_length")
-        sorted_xyz = xyz[sort_idx].float()
-        coords = quantised_coords(sorted_xyz, window_size, quant_size, shift_win)
-        radial = {} if radial_a is None else dict(radius=sorted_xyz[:, 2].contiguous(), radial_a=radial_a)
+        coords = quantised_coords(xyz, window_size, quant_size, shift_win, order=window_order.order)
+        radial = {} if radial_a is None else dict(radius=xyz[window_order.order, 2].float(), radial_a=radial_a)
         rel_pos = RelativePosition(coords, quant_grid_length - 1, *tables, **radial)
     out_sorted = window_attention(sorted_q, sorted_k, sorted_v, window_offsets, rel_pos=rel_pos, scale=scale,
                                   deterministic=deterministic)

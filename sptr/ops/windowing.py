@@ -32,18 +32,20 @@ def to_3d_numpy(size, name: str = "size") -> np.ndarray:
     raise ValueError(f"{name} must be a number, list, tuple, ndarray or tensor, got {type(size).__name__}")
 
 
-def _as_vector(name: str, value, like: Tensor, positive: bool = True) -> Tensor:
-    """``value`` as a vector of ``like.shape[1]`` entries in ``like``'s dtype. Window and cell sizes must be
+def _as_vector(name: str, value, like: Tensor, positive: bool = True, dtype: torch.dtype | None = None) -> Tensor:
+    """``value`` as a vector of ``like.shape[1]`` entries in ``dtype`` (default ``like``'s), on ``like``'s
+    device. Window and cell sizes must be
     finite and > 0: checked eagerly (a host read of the small vector), not while compiling (the layers check
     theirs when built). Numbers, lists and arrays (the layers' constant sizes) are made once per value, dtype
     and device: a dozen dispatched ops per call before, a third of a SphereFormer block's ops in its forward."""
+    dtype = dtype or like.dtype
     if isinstance(value, Tensor) or torch.compiler.is_compiling():
-        return _vector(name, value, like.shape[1], like.dtype, like.device, positive)
+        return _vector(name, value, like.shape[1], dtype, like.device, positive)
     array = to_3d_numpy(value, name)
     if array.dtype.kind not in "biuf" or (like.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return _vector(name, array, like.shape[1], like.dtype, like.device, positive)  # its errors, uncached
-    return _cached_vector(name, array.dtype.str, array.tobytes(), array.shape, like.shape[1], like.dtype,
-                          like.device, positive)
+        return _vector(name, array, like.shape[1], dtype, like.device, positive)  # its errors, uncached
+    return _cached_vector(name, array.dtype.str, array.tobytes(), array.shape, like.shape[1], dtype, like.device,
+                          positive)
 
 
 @functools.lru_cache(maxsize=256)
@@ -91,25 +93,29 @@ def check_points(xyz: Tensor, batch: Tensor | None = None, name: str = "xyz") ->
         raise ValueError(f"batch is on {batch.device}, {name} on {xyz.device}")
 
 
-def _cell_ids(pos: Tensor, batch: Tensor, size: Tensor, start: Tensor | None, name: str) -> Tensor:
-    """torch_cluster's mixed-radix cell id ``x + n_x·(y + n_y·(z + n_z·b))`` (batch as the slowest
-    coordinate with cell size 1): the spatial cells evaluated in ``pos.dtype`` (the published arithmetic), the
+@torch.library.register_fake("sptr::window_cells")
+def _window_cells_fake(xyz, batch, size, start, shift):
+    return xyz.new_empty(xyz.shape[0], dtype=torch.long)
+
+
+def _cell_ids(xyz: Tensor, batch: Tensor, size: Tensor, start: Tensor | None, shift: bool, name: str) -> Tensor:
+    """torch_cluster's mixed-radix cell id ``x + n_x·(y + n_y·(z + n_z·b))`` (batch as the slowest coordinate
+    with cell size 1) of the cells of ``xyz`` (moved by half a cell when ``shift``), from the origin ``start``
+    or the column minima: ``sptr::window_cells``, the published arithmetic in ``xyz.dtype`` to the bit, the
     batch exactly in int64 (in fp16 scans past 2048 would share windows). Checks that the coordinates are finite
     and that the id fits int64 (coordinates near 1e30 with millimetre windows would wrap and merge cells): one
     host sync, skipped under data_checks(False) and torch.compile."""
-    origin = pos.min(0).values if start is None else start
-    cell = torch.floor((pos - origin) / size)
-    extent = torch.trunc((pos.max(0).values - origin) / size) + 1
-    b = batch.long()
-    b0 = b.min() if start is None else b.new_zeros(())
-    scans = b.max() - b0 + 1
-    if data_checks_enabled():
-        ValueChecks().finite(name, pos).require(
+    if data_checks_enabled() and xyz.shape[0]:
+        lo, hi = xyz.double().aminmax(dim=0)
+        origin = lo if start is None else start.double()
+        top = hi + 0.5 * size.double() if shift else hi
+        b = batch.long()
+        scans = b.max() - (b.min() if start is None and not shift else 0) + 1
+        windows = (torch.floor((top - origin) / size.double()).clamp(min=0) + 1).prod() * scans.double()
+        ValueChecks().finite(name, xyz).require(
             f"{name} spans too many windows: the window id (windows per axis times scans) overflows int64; use "
-            "larger windows or coordinates nearer the origin", (extent.double().prod() * scans.double()) < 2.0 ** 62
-        ).run()
-    cell, extent = cell.long(), extent.long()
-    return cell[:, 0] + extent[0] * (cell[:, 1] + extent[1] * (cell[:, 2] + extent[2] * (b - b0)))
+            "larger windows or coordinates nearer the origin", windows < 2.0 ** 62).run()
+    return _ops.window_cells(xyz, batch, size, start, shift)
 
 
 def grid_sample(pos: Tensor, batch: Tensor, size, start=None, return_p2v=True, return_counts=True,
@@ -126,7 +132,7 @@ def grid_sample(pos: Tensor, batch: Tensor, size, start=None, return_p2v=True, r
         empty = torch.zeros(0, dtype=torch.long, device=pos.device)
         unique, cluster, counts = empty, empty, empty
     else:
-        ids = _cell_ids(pos, batch, size_t, start_t, "pos")
+        ids = _cell_ids(pos, batch, size_t, start_t, False, "pos")
         unique, cluster, counts = torch.unique(ids, sorted=True, return_inverse=True, return_counts=True)
     if not return_p2v and not return_counts:
         return cluster
@@ -147,12 +153,7 @@ def _window_cells(xyz: Tensor, batch: Tensor, window_size, shift_win: bool) -> T
     """Each point's window cell key (optionally half-window-shifted); ascending keys are SparseTransformer's
     window order (``grid_sample``'s dense ranks)."""
     check_points(xyz, batch)
-    w = _as_vector("window_size", window_size, xyz)
-    if xyz.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.long, device=xyz.device)
-    if shift_win:
-        return _cell_ids(xyz + 0.5 * w, batch, w, xyz.min(0).values, "xyz")
-    return _cell_ids(xyz, batch, w, None, "xyz")
+    return _cell_ids(xyz, batch, _as_vector("window_size", window_size, xyz), None, shift_win, "xyz")
 
 
 @torch.library.register_fake("sptr::window_sort")
@@ -199,24 +200,23 @@ def _split_func_arity(split_func) -> int:
     return 4
 
 
-def _quantised(xyz: Tensor, window_size, quant_size, shift_win: bool) -> Tensor:
-    """Each point's quantisation cell inside its window, as float32 (SparseTransformer §5.1)."""
-    check_points(xyz)
-    ValueChecks().finite("xyz", xyz).run()  # NaN would become INT_MIN cells
-    x = xyz.float()
-    w = _as_vector("window_size", window_size, x)
-    q = _as_vector("quant_size", quant_size, x)
-    d = x - x.min(0).values if x.shape[0] else x
-    if shift_win:
-        d = d + 0.5 * w
-    return torch.div(torch.remainder(d, w), q, rounding_mode="floor")
+@torch.library.register_fake("sptr::window_quantised_coords")
+def _window_quantised_coords_fake(xyz, order, window_size, quant_size, shift):
+    return xyz.new_empty(xyz.shape[0], 3, dtype=torch.int32)
 
 
-def quantised_coords(xyz: Tensor, window_size, quant_size, shift_win: bool) -> Tensor:
-    """Per-point quantised coordinates (int32 ``(N, 3)``, ``xyz`` in sorted order) for the fused path's
+def quantised_coords(xyz: Tensor, window_size, quant_size, shift_win: bool, order: Tensor | None = None) -> Tensor:
+    """Each point's quantisation cell inside its window (SparseTransformer §5.1), int32 ``(N, 3)`` in window
+    order: ``xyz`` in sorted order, or in any order with ``order`` its window order (row ``j`` is point
+    ``order[j]``). ``sptr::window_quantised_coords``: ``floor(remainder(x − min x [+ w/2], w) / q)`` in float32
+    with torch's remainder and floor division, to the bit. For the fused path's
     :class:`~sptr.ops.fused_window_attention.RelativePosition`: ``rel = c_i − c_j + (qgl − 1)`` equals
     :func:`relative_position_index` without ``split_func``."""
-    return _quantised(xyz, window_size, quant_size, shift_win).int()
+    check_points(xyz)
+    ValueChecks().finite("xyz", xyz).run()  # NaN would become INT_MIN cells
+    w = _as_vector("window_size", window_size, xyz, dtype=torch.float32)
+    q = _as_vector("quant_size", quant_size, xyz, dtype=torch.float32)
+    return _ops.window_quantised_coords(xyz, order, w, q, shift_win)
 
 
 def relative_position_index(xyz: Tensor, index_0: Tensor, index_1: Tensor, window_size, quant_size,
@@ -226,7 +226,7 @@ def relative_position_index(xyz: Tensor, index_0: Tensor, index_1: Tensor, windo
     ``xyz`` in sorted order; all arithmetic in float32 with torch's remainder / floor-division semantics.
     """
     x = xyz.float()
-    xq = _quantised(x, window_size, quant_size, shift_win)
+    xq = quantised_coords(x, window_size, quant_size, shift_win).float()  # float, as split_func gets rel
     i0, i1 = index_0.long(), index_1.long()
     rel = xq[i0] - xq[i1] + (quant_grid_length - 1)
     if split_func is not None:
