@@ -14,7 +14,7 @@ from sptr.layers.vision_indices import VisionIndices, VisionIndicesConfig
 from sptr.ops import rope
 from sptr.ops import moe as moe_ops
 from sptr.ops import vision_index as vi
-from sptr.ops.sparse_attention import sparse_self_attention
+from sptr.ops.sparse_attention import fused_sparse_self_attention, sparse_self_attention
 from sptr.ops.windowing import get_indices_params, quantised_coords, window_partition
 
 IMG, VID, VS = 151655, 151656, 151652
@@ -212,6 +212,22 @@ def test_sparse_self_attention_checks_sort_idx_and_pe_type():
         sparse_self_attention(q, q, q, xyz, i0, o0, n_max, i1, o1, torch.tensor([0, 0, 2, 3, 4, 5]), 10.0, False)
     with pytest.raises(ValueError, match="pe_type must be one of"):
         sparse_self_attention(q, q, q, xyz, i0, o0, n_max, i1, o1, sort_idx, 10.0, False, pe_type="bogus")
+
+
+def test_fused_sparse_self_attention_checks_sort_idx():
+    """The fused path's sort_idx gets sparse_self_attention's checks: a repeated point (which would leave a row
+    of the window order unwritten), an index out of range, the wrong length."""
+    xyz = torch.rand(6, 3)
+    sort_idx, offsets = window_partition(xyz, torch.zeros(6, dtype=torch.long), 10.0, False)
+    q = torch.randn(6, 2, 4)
+    rest = (offsets, 10.0, False, 0.5)
+    assert fused_sparse_self_attention(q, q, q, xyz, sort_idx, *rest).shape == (6, 2, 4)
+    with pytest.raises(ValueError, match="sort_idx must be a permutation"):
+        fused_sparse_self_attention(q, q, q, xyz, torch.tensor([0, 0, 2, 3, 4, 5]), *rest)
+    with pytest.raises(ValueError, match=r"sort_idx must have values in \[0, 6\)"):
+        fused_sparse_self_attention(q, q, q, xyz, torch.tensor([0, 1, 2, 3, 4, 6]), *rest)
+    with pytest.raises(ValueError, match="sort_idx"):
+        fused_sparse_self_attention(q, q, q, xyz, sort_idx[:5], *rest)
 
 
 def test_quantised_coords_refuse_nan():

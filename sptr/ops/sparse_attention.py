@@ -44,7 +44,9 @@ class WindowOrder(NamedTuple):
     def of(cls, sort_idx: torch.Tensor) -> "WindowOrder":
         order = sort_idx.long()
         arange = torch.arange(order.numel(), device=order.device)
-        return cls(order, torch.zeros_like(order).index_copy_(0, order, arange))
+        # inverse[order[j]] = j: arange's rows scattered by order, one kernel (no zero fill: a permutation writes
+        # every row; the callers check sort_idx or build it)
+        return cls(order, _ops.window_permute_rows(arange, order, order))
 
     def to_windows(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``x[order]`` of each tensor."""
@@ -53,6 +55,20 @@ class WindowOrder(NamedTuple):
     def to_points(self, x_sorted: torch.Tensor) -> torch.Tensor:
         """The inverse of :meth:`to_windows`: row ``j`` of ``x_sorted`` goes to row ``order[j]``."""
         return _ops.window_permute_rows(x_sorted, self.order, self.inverse)
+
+
+def check_window_order(sort_idx: torch.Tensor, query: torch.Tensor) -> None:
+    """``sort_idx`` is an index vector of query's N points on its device and, with value checks on (a host
+    sync), a permutation of them: each point exactly once."""
+    check_tensor("sort_idx", sort_idx, dim=1, dtypes=INDEX, device=query.device)
+    check_shape("sort_idx", sort_idx, (query.shape[0],))
+    n = query.shape[0]
+    checks = ValueChecks().range("sort_idx", sort_idx, 0, n)
+    if n and data_checks_enabled():  # a permutation: every point exactly once (clamped: the range check names it)
+        once = torch.zeros(n, dtype=torch.int32, device=sort_idx.device).index_add_(
+            0, sort_idx.clamp(0, n - 1), torch.ones_like(sort_idx, dtype=torch.int32))
+        checks.require("sort_idx must be a permutation of 0 .. N-1 (each point exactly once)", (once == 1).all())
+    checks.run()
 
 
 def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_max, index_1, index_1_offsets,
@@ -68,17 +84,9 @@ def sparse_self_attention(query, key, value, xyz, index_0, index_0_offsets, n_ma
     """
     global _warned_partial_rel
     check_tensor("query", query, dim=3, dtypes=FLOATING)
-    check_tensor("sort_idx", sort_idx, dim=1, dtypes=INDEX, device=query.device)
-    check_shape("sort_idx", sort_idx, (query.shape[0],))
     if pe_type not in PE_TYPES:
         raise ValueError(f"pe_type must be one of {PE_TYPES}, got {pe_type!r}")
-    n = query.shape[0]
-    checks = ValueChecks().range("sort_idx", sort_idx, 0, n)
-    if n and data_checks_enabled():  # a permutation: every point exactly once (clamped: the range check names it)
-        once = torch.zeros(n, dtype=torch.int32, device=sort_idx.device).index_add_(
-            0, sort_idx.clamp(0, n - 1), torch.ones_like(sort_idx, dtype=torch.int32))
-        checks.require("sort_idx must be a permutation of 0 .. N-1 (each point exactly once)", (once == 1).all())
-    checks.run()
+    check_window_order(sort_idx, query)
     out_dtype = query.dtype
     if dtype is not None:
         query, key, value = cast(query, dtype), cast(key, dtype), cast(value, dtype)
@@ -128,7 +136,11 @@ def fused_sparse_self_attention(query, key, value, xyz, sort_idx, window_offsets
     """:func:`sparse_self_attention`'s contextual mode on the fused kernel: ``query/key/value (N, h, d)`` in
     original point order, unscaled (``scale`` is applied inside), windows from
     :func:`~sptr.ops.windowing.window_partition`. ``radial_a`` selects SphereFormer's exponential radial bins
-    (``exponential_split``) for column 2. Returns ``(N, h, d)`` in the compute dtype (autocast's, if on)."""
+    (``exponential_split``) for column 2. Returns ``(N, h, d)`` in the compute dtype (autocast's, if on).
+    ``sort_idx`` must be a permutation of the N points (checked with value checks on; the layers, which build
+    it, skip the check)."""
+    check_tensor("query", query, dim=3, dtypes=FLOATING)
+    check_window_order(sort_idx, query)
     rel_pos = None
     window_order = WindowOrder.of(sort_idx)
     sorted_q, sorted_k, sorted_v = window_order.to_windows(query, key, value)
