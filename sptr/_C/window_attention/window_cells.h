@@ -15,6 +15,12 @@
 
 namespace sptr {
 
+// Both ops' points: floating (N, 3).
+inline void check_xyz(const at::Tensor& xyz) {
+  SPTR_CHECK_VALUE(xyz.dim() == 2 && xyz.size(1) == 3, "xyz must have shape (N, 3), got ", xyz.sizes());
+  SPTR_CHECK_TYPE(at::isFloatingType(xyz.scalar_type()), "xyz must be a floating tensor, got ", xyz.scalar_type());
+}
+
 // The per-point inputs and the frame, as device-readable pointers (the frame's values stay on the device).
 template <typename T>
 struct CellArgs {
@@ -53,8 +59,7 @@ struct CellFrame {
 
 inline CellFrame window_cell_frame(const at::Tensor& xyz, const at::Tensor& batch, const at::Tensor& size,
                                    const std::optional<at::Tensor>& start, bool shift) {
-  SPTR_CHECK_VALUE(xyz.dim() == 2 && xyz.size(1) == 3, "xyz must have shape (N, 3), got ", xyz.sizes());
-  SPTR_CHECK_TYPE(at::isFloatingType(xyz.scalar_type()), "xyz must be a floating tensor, got ", xyz.scalar_type());
+  check_xyz(xyz);
   SPTR_CHECK_VALUE(batch.dim() == 1 && batch.size(0) == xyz.size(0), "batch must have shape (", xyz.size(0),
                    ",), got ", batch.sizes());
   SPTR_CHECK_TYPE(!batch.is_complex() && batch.scalar_type() != at::kBool,
@@ -120,8 +125,7 @@ struct QuantFrame {
 
 inline QuantFrame quantised_cell_frame(const at::Tensor& xyz, const std::optional<at::Tensor>& order,
                                        const at::Tensor& window, const at::Tensor& quant) {
-  SPTR_CHECK_VALUE(xyz.dim() == 2 && xyz.size(1) == 3, "xyz must have shape (N, 3), got ", xyz.sizes());
-  SPTR_CHECK_TYPE(at::isFloatingType(xyz.scalar_type()), "xyz must be a floating tensor, got ", xyz.scalar_type());
+  check_xyz(xyz);
   if (order.has_value()) {
     SPTR_CHECK_VALUE(order->dim() == 1 && order->size(0) == xyz.size(0), "order must have shape (", xyz.size(0),
                      ",), got ", order->sizes());
