@@ -35,6 +35,9 @@ TORCH_LIBRARY(sptr, m) {
   // Each point's int32 quantisation cell inside its window (float32 sizes), in `order` (window order) if given.
   m.def("window_quantised_coords(Tensor xyz, Tensor? order, Tensor window_size, Tensor quant_size, bool shift) -> "
         "Tensor");
+  // SphereFormer's (θ, β, r) of each point (N, 3) in xyz's dtype, torch's ops to the bit; differentiable through
+  // those ops when xyz requires grad.
+  m.def("cart2sphere(Tensor xyz) -> Tensor");
   // LayerNorm over the last dimension: (y, mean, rstd), statistics [rows] in the op-math type; the backward
   // gives (dx, dweight, dbias), the last two empty where there is no weight / bias.
   m.def("layer_norm_fwd(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)");
@@ -43,7 +46,7 @@ TORCH_LIBRARY(sptr, m) {
       "(Tensor, Tensor, Tensor)");
   // out[dest[i]] = x[i] for a permutation dest with inverse source (q/k/v into window order and back); the
   // gradient is the same op with dest and source swapped.
-  m.def("window_permute_rows(Tensor x, Tensor dest, Tensor source) -> Tensor");
+  m.def("window_permute_rows(Tensor x, Tensor dest, Tensor source, ScalarType? dtype=None) -> Tensor");
   m.def(
       "window_pair_logits_fwd(Tensor q, Tensor k, Tensor index_0, Tensor index_1, Tensor? table_q, "
       "Tensor? table_k, Tensor? rel_idx, bool with_qk) -> Tensor");

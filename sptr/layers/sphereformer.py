@@ -15,21 +15,11 @@ from torch import nn
 
 from ..ops.sparse_attention import sparse_self_attention
 from ..ops._checks import FLOATING, INTEGER, cast, check_shape, check_tensor
-from ..ops.windowing import check_points, get_indices_params, to_3d_numpy
+from ..ops.windowing import cart2sphere, check_points, get_indices_params, to_3d_numpy
 from .config import LayerConfig, check_fraction, check_positive, check_sizes
 from .layer_norm import LayerNorm
 from .sparse_tensor import SparseTrTensor, check_features
 from .var_length_attention import attend_in_windows, cached_windows, check_attention_path, quant_grid_length
-
-
-def cart2sphere(xyz: torch.Tensor) -> torch.Tensor:
-    """(θ, β, r) in degrees / metres, float32, in SphereFormer's operation order."""
-    x, y, z = xyz[:, 0], xyz[:, 1], xyz[:, 2]
-    xy2 = x ** 2 + y ** 2  # once for both uses: r's x² + y² + z² adds in the same order
-    theta = (torch.atan2(y, x) + math.pi) * 180 / math.pi
-    beta = torch.atan2(torch.sqrt(xy2), z) * 180 / math.pi
-    r = torch.sqrt(xy2 + z ** 2)
-    return torch.stack([theta, beta, r], -1)
 
 
 def exponential_split(xyz, index_0, index_1, relative_position_index, a=0.05 * 0.25):
@@ -118,10 +108,11 @@ class SparseMultiheadSASphereConcat(nn.Module):
     def _fused(self, windows, q, k, v, xyz, window, quant, qgl, tables, radial_a=None):
         dtype = self.attention_dtype
         tables = tuple(cast(t, dtype) for t in self._logit_and_value_tables(tables))
-        # attention_dtype decides, not autocast (which would cast the fused op's inputs to its own dtype)
+        # attention_dtype decides, not autocast (which would cast the fused op's inputs to its own dtype); the
+        # output comes back in q's dtype
         with torch.autocast(q.device.type, enabled=False):
-            return attend_in_windows(windows, cast(q, dtype), cast(k, dtype), cast(v, dtype), xyz, window,
-                                     self.shift_win, self.scale, quant, qgl, tables, radial_a)
+            return attend_in_windows(windows, q, k, v, xyz, window, self.shift_win, self.scale, quant, qgl, tables,
+                                     radial_a, dtype=dtype)
 
     def _step(self, q, k, v, xyz, params, window, quant, qgl, tables, split_func=None):
         index_0, index_0_offsets, n_max, index_1, index_1_offsets, sort_idx = params
@@ -177,8 +168,9 @@ class SparseMultiheadSASphereConcat(nn.Module):
             cubic, sphere = self._step_indices(sptr_tensor, xyz, xyz_sphere, batch)
             out_cubic = self._step(*cubic_qkv, xyz, cubic, *cubic_args)
             out_sphere = self._step(*sphere_qkv, xyz_sphere, sphere, *sphere_args, partial(exponential_split, a=self.a))
-        x = torch.cat([out_cubic, out_sphere.to(out_cubic.dtype)], 1).reshape(n, c)
-        x = self.proj_drop(self.proj(x.to(self.proj.weight.dtype)))
+        # the fused branches return q's dtype (the projection's), the step ops attention_dtype
+        x = cast(torch.cat([out_cubic, out_sphere], 1).reshape(n, c), cubic_qkv[0].dtype)
+        x = self.proj_drop(self.proj(x))
         return SparseTrTensor(x, indices, sptr_tensor.spatial_shape, sptr_tensor.batch_size, batch=sptr_tensor.batch)
 
 

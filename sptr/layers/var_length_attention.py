@@ -46,15 +46,17 @@ def cached_windows(sptr_tensor, key, xyz, batch, window_size, shift_win):
 
 
 def attend_in_windows(windows, q, k, v, xyz, window_size, shift_win, scale, quant_size=None, quant_grid_length=None,
-                      tables=(None, None, None), radial_a=None):
-    """The fused attention of a layer over ``windows`` of ``xyz`` (:func:`cached_windows`). The window offsets
-    and quantised coordinates are built from points whose coordinates ``window_partition`` checked, so they are
-    valid by construction (a relative position pushed past the table by rounding at a window's edge is clamped
-    to it by the kernel); their value checks would only add a host sync to every call, and are skipped."""
+                      tables=(None, None, None), radial_a=None, dtype=None):
+    """The fused attention of a layer over ``windows`` of ``xyz`` (:func:`cached_windows`), computed in ``dtype``
+    if given (q, k and v cast on their way into window order, the output back to q's dtype on its way out).
+    The window offsets and quantised coordinates are built from points whose coordinates ``window_partition``
+    checked, so they are valid by construction (a relative position pushed past the table by rounding at a
+    window's edge is clamped to it by the kernel); their value checks would only add a host sync to every call,
+    and are skipped."""
     sort_idx, offsets = windows
     with data_checks(False):
         return fused_sparse_self_attention(q, k, v, xyz, sort_idx, offsets, window_size, shift_win, scale,
-                                           quant_size, quant_grid_length, tables, radial_a)
+                                           quant_size, quant_grid_length, tables, radial_a, dtype=dtype)
 
 
 def quant_grid_length(window_size: np.ndarray, quant_size: np.ndarray, what: str = "window_size / quant_size") -> int:

@@ -22,8 +22,8 @@ _ops = torch.ops.sptr
 
 
 @torch.library.register_fake("sptr::window_permute_rows")
-def _window_permute_rows_fake(x, dest, source):
-    return x.new_empty(x.shape)
+def _window_permute_rows_fake(x, dest, source, dtype=None):
+    return x.new_empty(x.shape, dtype=dtype or x.dtype)
 
 
 _warned_partial_rel = False
@@ -48,13 +48,15 @@ class WindowOrder(NamedTuple):
         # every row; the callers check sort_idx or build it)
         return cls(order, _ops.window_permute_rows(arange, order, order))
 
-    def to_windows(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``x[order]`` of each tensor."""
-        return tuple(_ops.window_permute_rows(x, self.inverse, self.order) for x in tensors)
+    def to_windows(self, *tensors: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
+        """``x[order]`` of each tensor, cast to ``dtype`` on the way if given (one pass, not a cast and a
+        permute)."""
+        return tuple(_ops.window_permute_rows(x, self.inverse, self.order, dtype) for x in tensors)
 
-    def to_points(self, x_sorted: torch.Tensor) -> torch.Tensor:
-        """The inverse of :meth:`to_windows`: row ``j`` of ``x_sorted`` goes to row ``order[j]``."""
-        return _ops.window_permute_rows(x_sorted, self.order, self.inverse)
+    def to_points(self, x_sorted: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The inverse of :meth:`to_windows`: row ``j`` of ``x_sorted`` goes to row ``order[j]`` (cast to
+        ``dtype`` if given)."""
+        return _ops.window_permute_rows(x_sorted, self.order, self.inverse, dtype)
 
 
 def check_window_order(sort_idx: torch.Tensor, query: torch.Tensor) -> None:
@@ -132,18 +134,21 @@ def _aggregate(attn, v, index_0, index_0_offsets, n_max, index_1, index_1_offset
 
 def fused_sparse_self_attention(query, key, value, xyz, sort_idx, window_offsets, window_size, shift_win,
                                 scale, quant_size=None, quant_grid_length=None, tables=(None, None, None),
-                                radial_a=None, deterministic=False):
+                                radial_a=None, deterministic=False, dtype=None):
     """:func:`sparse_self_attention`'s contextual mode on the fused kernel: ``query/key/value (N, h, d)`` in
     original point order, unscaled (``scale`` is applied inside), windows from
     :func:`~sptr.ops.windowing.window_partition`. ``radial_a`` selects SphereFormer's exponential radial bins
-    (``exponential_split``) for column 2. Returns ``(N, h, d)`` in the compute dtype (autocast's, if on).
-    ``sort_idx`` must be a permutation of the N points (checked with value checks on; the layers, which build
-    it, skip the check)."""
+    (``exponential_split``) for column 2. Returns ``(N, h, d)`` in the compute dtype (autocast's, if on), or,
+    with ``dtype``, computes in ``dtype`` and returns query's input dtype, as :func:`sparse_self_attention`
+    does: q, k and v are cast on their way into window order and the output on its way back (the tables
+    are the caller's to cast). ``sort_idx`` must be a permutation of the N points (checked with value checks
+    on; the layers, which build it, skip the check)."""
     check_tensor("query", query, dim=3, dtypes=FLOATING)
     check_window_order(sort_idx, query)
     rel_pos = None
     window_order = WindowOrder.of(sort_idx)
-    sorted_q, sorted_k, sorted_v = window_order.to_windows(query, key, value)
+    out_dtype = None if dtype is None else query.dtype
+    sorted_q, sorted_k, sorted_v = window_order.to_windows(query, key, value, dtype=dtype)
     if any(t is not None for t in tables):
         if quant_size is None or quant_grid_length is None:
             raise ValueError("relative-position tables need quant_size and quant_grid_length")
@@ -152,4 +157,4 @@ def fused_sparse_self_attention(query, key, value, xyz, sort_idx, window_offsets
         rel_pos = RelativePosition(coords, quant_grid_length - 1, *tables, **radial)
     out_sorted = window_attention(sorted_q, sorted_k, sorted_v, window_offsets, rel_pos=rel_pos, scale=scale,
                                   deterministic=deterministic)
-    return window_order.to_points(out_sorted)
+    return window_order.to_points(out_sorted, dtype=out_dtype)

@@ -93,6 +93,20 @@ def check_points(xyz: Tensor, batch: Tensor | None = None, name: str = "xyz") ->
         raise ValueError(f"batch is on {batch.device}, {name} on {xyz.device}")
 
 
+@torch.library.register_fake("sptr::cart2sphere")
+def _cart2sphere_fake(xyz):
+    return xyz.new_empty(xyz.shape)
+
+
+def cart2sphere(xyz: Tensor) -> Tensor:
+    """SphereFormer's spherical coordinates (θ, β, r) of each point, in degrees and metres, ``(N, 3)`` in xyz's
+    dtype: ``θ = (atan2(y, x) + π)·180/π``, ``β = atan2(√(x² + y²), z)·180/π``, ``r = √(x² + y² + z²)``, the
+    published chain of torch ops to the bit (``sptr::cart2sphere``: on CUDA one kernel for float32 points;
+    differentiable through those ops when ``xyz`` requires grad)."""
+    check_points(xyz)
+    return _ops.cart2sphere(xyz)
+
+
 @torch.library.register_fake("sptr::window_cells")
 def _window_cells_fake(xyz, batch, size, start, shift):
     return xyz.new_empty(xyz.shape[0], dtype=torch.long)

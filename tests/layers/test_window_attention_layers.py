@@ -9,7 +9,7 @@ import sptr
 from sptr.layers.sphereformer import SphereFormer, SphereFormerConfig, cart2sphere, exponential_split
 from sptr.layers.var_length_attention import VarLengthMultiheadSAConfig
 from sptr.reference.windowing import sparse_self_attention_reference
-from tests.helpers import assert_close
+from tests.helpers import TOLERANCE, assert_close, device_params
 
 
 def points(n=400, seed=0):
@@ -99,13 +99,37 @@ def test_fused_layers_check_values_only_when_building_windows(monkeypatch):
     assert runs == [partition]
 
 
-def test_cart2sphere_is_the_published_arithmetic_to_the_bit():
-    xyz = ring_scan(5000, torch.Generator().manual_seed(3))
+def published_cart2sphere(xyz):
     x, y, z = xyz[:, 0], xyz[:, 1], xyz[:, 2]
     theta = (torch.atan2(y, x) + np.pi) * 180 / np.pi
     beta = torch.atan2(torch.sqrt(x ** 2 + y ** 2), z) * 180 / np.pi
     r = torch.sqrt(x ** 2 + y ** 2 + z ** 2)
-    assert torch.equal(cart2sphere(xyz), torch.stack([theta, beta, r], -1))
+    return torch.stack([theta, beta, r], -1)
+
+
+@pytest.mark.parametrize("device", device_params())
+def test_cart2sphere_is_the_published_arithmetic_to_the_bit(device):
+    """sptr::cart2sphere (CUDA: one float32 kernel) equals SphereFormer's chain of torch ops on the same device
+    to the bit: a LiDAR-like ring, points on the axes and at the origin (atan2's edge cases), a strided view,
+    float64 and an empty cloud; with xyz requiring grad, the gradient is the chain's (up to the order in which
+    x² + y²'s two uses add up: the published chain computes it twice) and passes float64 gradcheck."""
+    gen = torch.Generator().manual_seed(3)
+    ring = ring_scan(5000, gen)
+    axes = torch.tensor([[0.0, 0, 0], [1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1],
+                         [-0.0, 0, 0], [0, -0.0, 1], [1e-30, -1e-30, 1e30], [3e19, 4e19, -5e19]])
+    for xyz in (ring, axes, torch.cat([ring, ring], 1)[:, 1:4], ring.double(), ring[:0]):
+        xyz = xyz.to(device)
+        got = cart2sphere(xyz)
+        assert got.dtype == xyz.dtype and got.shape == xyz.shape
+        assert torch.equal(got, published_cart2sphere(xyz)) and not got.requires_grad
+    xyz = ring[:100].to(device).requires_grad_()
+    g = torch.randn(100, 3, generator=gen).to(device)
+    (got,) = torch.autograd.grad(cart2sphere(xyz), xyz, g)
+    assert_close("dxyz", got, torch.autograd.grad(published_cart2sphere(xyz), xyz, g)[0], 1e-6)
+    assert torch.autograd.gradcheck(cart2sphere, (ring[:20].double().to(device).requires_grad_(),))
+    with pytest.raises(ValueError, match=r"xyz must be an \(N, 3\) tensor"):
+        cart2sphere(ring[:, :2].to(device))
+    torch.library.opcheck(torch.ops.sptr.cart2sphere, (ring[:50].double().to(device).requires_grad_(),))
 
 
 def test_sphereformer_builds_both_window_partitions_before_attending():
@@ -226,6 +250,35 @@ def test_exponential_split_bins():
     assert bins.tolist() == [0, 0, 1, 2, 3, 4, 5]
     bins = exponential_split(xyz, i1, i0, torch.zeros(7, 3), a=a)[:, 2] - 24
     assert bins.tolist() == [0, -1, -2, -3, -4, -5, -6]
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_attention_casts_in_its_permutes(dtype, device):
+    """With dtype, the fused attention computes in it and returns q's dtype: the bits, output and gradients, of
+    casting q, k and v before the call and the output after it (the casts ride on the window-order permutes)."""
+    from sptr.ops.sparse_attention import fused_sparse_self_attention
+    from sptr.ops.windowing import window_partition
+
+    gen = torch.Generator().manual_seed(8)
+    n, window, quant = 300, np.full(3, 0.6, np.float32), np.full(3, 0.05, np.float32)
+    xyz = (torch.rand(n, 3, generator=gen) * 1.5).to(device)
+    sort_idx, offsets = window_partition(xyz, torch.zeros(n, dtype=torch.long, device=device), window, False)
+    q, k, v = (torch.randn(n, 2, 16, generator=gen).to(device).requires_grad_() for _ in range(3))
+    tables = [(torch.randn(23, 3, 2, 16, generator=gen) * 0.1).to(device, dtype).requires_grad_() for _ in range(3)]
+    args = (xyz, sort_idx, offsets, window, False, 0.25, quant, 12, tables)
+    got = fused_sparse_self_attention(q, k, v, *args, dtype=dtype)
+    want = fused_sparse_self_attention(q.to(dtype), k.to(dtype), v.to(dtype), *args).float()
+    assert got.dtype == torch.float32 and torch.equal(got, want)
+    g = torch.randn(got.shape, generator=gen).to(device)
+    grads_got = torch.autograd.grad(got, [q, k, v, *tables], g)
+    grads_want = torch.autograd.grad(want, [q, k, v, *tables], g)
+    for name, a, b in zip(("q", "k", "v", "table_q", "table_k", "table_v"), grads_got, grads_want):
+        assert a.dtype == b.dtype, name
+        if device == "cpu" or name == "q":
+            assert torch.equal(a, b), name
+        else:  # CUDA scatters key-side and table gradients with atomics: the summation order differs run to run
+            assert_close(name, a, b, TOLERANCE[dtype])
 
 
 def test_sphereformer_attention_matches_reference_branches():

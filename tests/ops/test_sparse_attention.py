@@ -104,6 +104,44 @@ def test_window_permute_rows_every_layout_and_width(device):
     assert torch.ops.sptr.window_permute_rows(qkv[:0], inv[:0], perm[:0]).shape == (0, 3, 4, 16)
 
 
+@pytest.mark.parametrize("device", device_params())
+def test_window_permute_rows_casts_on_the_way(device):
+    """With dtype, the rows come out cast: the bits of x.to(dtype)[perm] for every pair of floating dtypes, in the
+    CUDA kernel's packs of 4 and single elements (strided qkv views, odd rows, an offset address), and the
+    gradient comes back permuted and cast to x's dtype."""
+    gen = torch.Generator().manual_seed(6)
+    n = 41
+    perm = torch.randperm(n, generator=gen).to(device)
+    order = WindowOrder.of(perm)
+    qkv = (torch.randn(n, 3, 4, 16, generator=gen) * 300).to(device)  # beyond fp16's 2^-14 steps near 300
+    layouts = {
+        "qkv head split": qkv.split([1, 3], 2)[1].unbind(1)[0],
+        "odd rows": qkv[:, 0, 0, :5],
+        "offset address": qkv.reshape(-1)[1:n * 8 + 1].view(n, 8),
+    }
+    floats = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+    for name, base in layouts.items():
+        for src in floats:
+            x = base.to(src)
+            for dst in floats:
+                got = torch.ops.sptr.window_permute_rows(x, order.inverse, order.order, dst)
+                want = x.to(dst)[perm]
+                assert got.dtype == dst and got.is_contiguous(), (name, src, dst)
+                assert torch.equal(got, want), (name, src, dst)
+    x = qkv[:, 0].clone().requires_grad_()
+    (got,) = order.to_windows(x, dtype=torch.bfloat16)
+    g = torch.randn(got.shape, generator=gen).to(device).bfloat16()
+    (dx,) = torch.autograd.grad(got, x, g)
+    assert dx.dtype == torch.float32 and torch.equal(dx, torch.autograd.grad(x.bfloat16()[perm], x, g)[0])
+    back = order.to_points(got, dtype=torch.float32)
+    assert back.dtype == torch.float32 and torch.equal(back, x.bfloat16().float())
+    x64 = torch.randn(7, 3, dtype=torch.float64, generator=gen).to(device).requires_grad_()
+    o7 = WindowOrder.of(torch.randperm(7, generator=gen).to(device))
+    torch.library.opcheck(torch.ops.sptr.window_permute_rows, (x64, o7.inverse, o7.order, torch.float32))
+    with pytest.raises(TypeError, match="dtype casts floating x to another floating dtype"):
+        torch.ops.sptr.window_permute_rows(perm, order.inverse, order.order, torch.float32)
+
+
 def test_window_permute_rows_refuses_bad_indices():
     x = torch.randn(5, 2)
     perm = torch.randperm(5)

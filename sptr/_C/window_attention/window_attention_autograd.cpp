@@ -6,6 +6,8 @@
 
 #include <tuple>
 
+#include "spherical_coords.h"
+
 namespace sptr {
 namespace {
 
@@ -95,28 +97,32 @@ class SegmentSoftmax : public torch::autograd::Function<SegmentSoftmax> {
   }
 };
 
-using PermuteRowsSignature = Tensor(const Tensor&, const Tensor&, const Tensor&);
+using PermuteRowsSignature = Tensor(const Tensor&, const Tensor&, const Tensor&, std::optional<at::ScalarType>);
 
-// Linear in x: the backward is the op itself with dest and source swapped, called above the autograd key so
-// that it is differentiable again (double backward).
+// Linear in x: the backward is the op itself with dest and source swapped and the cast reversed, called above
+// the autograd key so that it is differentiable again (double backward).
 class PermuteRows : public torch::autograd::Function<PermuteRows> {
  public:
-  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& dest, const Tensor& source) {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& dest, const Tensor& source,
+                               std::optional<at::ScalarType> dtype) {
     at::AutoDispatchBelowADInplaceOrView guard;
     static const auto op = typed_op<PermuteRowsSignature>("sptr::window_permute_rows");
     ctx->save_for_backward({dest, source});
-    return {op.call(x, dest, source)};
+    ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
+    return {op.call(x, dest, source, dtype)};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list s = ctx->get_saved_variables();  // dest, source
+    const auto x_dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     static const auto op = typed_op<PermuteRowsSignature>("sptr::window_permute_rows");
-    return {op.call(grads[0], s[1], s[0]), Tensor(), Tensor()};
+    return {op.call(grads[0], s[1], s[0], x_dtype), Tensor(), Tensor(), Tensor()};
   }
 };
 
-Tensor permute_rows_autograd(const Tensor& x, const Tensor& dest, const Tensor& source) {
-  return PermuteRows::apply(x, dest, source)[0];
+Tensor permute_rows_autograd(const Tensor& x, const Tensor& dest, const Tensor& source,
+                             std::optional<at::ScalarType> dtype) {
+  return PermuteRows::apply(x, dest, source, dtype)[0];
 }
 
 Tensor pair_logits_autograd(const Tensor& q, const Tensor& k, const Tensor& index_0, const Tensor& index_1,
@@ -132,9 +138,19 @@ Tensor aggregate_autograd(const Tensor& attn, const Tensor& v, const Tensor& off
 
 Tensor softmax_autograd(const Tensor& src, const Tensor& indptr) { return SegmentSoftmax::apply(src, indptr)[0]; }
 
+// Points rarely need a gradient: below autograd (the CUDA float32 kernel) unless xyz requires one, then the
+// published chain of differentiable ATen ops, whose gradients autograd already knows.
+Tensor cart2sphere_autograd(const Tensor& xyz) {
+  if (xyz.requires_grad() && at::GradMode::is_enabled()) return cart2sphere_ops(xyz);
+  at::AutoDispatchBelowADInplaceOrView guard;
+  static const auto op = typed_op<Tensor(const Tensor&)>("sptr::cart2sphere");
+  return op.call(xyz);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(sptr, Autograd, m) {
+  m.impl("cart2sphere", &cart2sphere_autograd);
   m.impl("window_permute_rows", &permute_rows_autograd);
   m.impl("window_pair_logits_fwd", &pair_logits_autograd);
   m.impl("window_aggregate_fwd", &aggregate_autograd);

@@ -3,6 +3,7 @@
 // gradients go through a per-block shared-memory copy of one head's table when it fits, so the small
 // tables see one global atomic per element per block instead of one per pair (the published kernels'
 // bottleneck, D9).
+#include <c10/util/TypeCast.h>
 #include <torch/library.h>
 
 #include <sptr/cuda_utils.cuh>
@@ -337,21 +338,66 @@ void launch_permute_rows(const at::Tensor& x, const at::Tensor& dest, int64_t ro
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+// out[dest[i]] = x[i] cast to Out, VEC elements a thread (rows of `row_vecs` packs, x's rows `x_stride` packs
+// apart), each element converted as ATen's copy converts it.
+template <typename In, typename Out, int VEC>
+__global__ void permute_cast_rows_kernel(const In* __restrict__ x, const int64_t* __restrict__ dest, int64_t N,
+                                         int64_t row_vecs, int64_t x_stride, Out* __restrict__ out) {
+  struct alignas(sizeof(In) * VEC) InPack { In v[VEC]; };
+  struct alignas(sizeof(Out) * VEC) OutPack { Out v[VEC]; };
+  SPTR_GRID_STRIDE(e, N * row_vecs) {
+    const int64_t i = e / row_vecs, c = e - i * row_vecs, d = dest[i];
+    if (d < 0 || d >= N) continue;
+    const InPack p = reinterpret_cast<const InPack*>(x)[i * x_stride + c];
+    OutPack q;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) q.v[j] = c10::static_cast_with_inter_type<Out, In>::apply(p.v[j]);
+    reinterpret_cast<OutPack*>(out)[d * row_vecs + c] = q;
+  }
+}
+
+template <int VEC>
+void launch_permute_cast_rows(const at::Tensor& x, const at::Tensor& dest, int64_t row_elems, at::Tensor& out) {
+  const int64_t N = x.size(0), row_vecs = row_elems / VEC, x_stride = x.stride(0) / VEC;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "window_permute_rows", [&] {
+    using In = scalar_t;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "window_permute_rows", [&] {
+      permute_cast_rows_kernel<In, scalar_t, VEC>
+          <<<grid_for(N * row_vecs, kThreads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+              x.const_data_ptr<In>(), dest.const_data_ptr<int64_t>(), N, row_vecs, x_stride,
+              out.mutable_data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+}
+
 // Rows whose elements are contiguous (a row stride of any size: the q, k, v views of a fused qkv projection)
-// are copied as they are; other layouts first become contiguous. Vectors of up to 16 bytes, as wide as the row
-// size, row stride and both addresses allow.
-at::Tensor window_permute_rows_cuda(const at::Tensor& x_, const at::Tensor& dest, const at::Tensor& source) {
-  check_permute_rows(x_, dest, source);
+// are copied as they are; other layouts first become contiguous. Without a cast, vectors of up to 16 bytes, as
+// wide as the row size, row stride and both addresses allow; with one, packs of 4 elements where they allow.
+at::Tensor window_permute_rows_cuda(const at::Tensor& x_, const at::Tensor& dest, const at::Tensor& source,
+                                    std::optional<at::ScalarType> dtype) {
+  const at::ScalarType out_dtype = check_permute_rows(x_, dest, source, dtype);
   c10::cuda::CUDAGuard guard(x_.device());
   bool rows_contiguous = true;
   for (int64_t dim = x_.dim() - 1, expected = 1; dim > 0; expected *= x_.size(dim--))
     rows_contiguous = rows_contiguous && (x_.size(dim) == 1 || x_.stride(dim) == expected);
   const at::Tensor x = rows_contiguous ? x_ : x_.contiguous();
-  auto out = at::empty(x.sizes(), x.options());
+  auto out = at::empty(x.sizes(), x.options().dtype(out_dtype));
   const int64_t N = x.size(0);
   if (out.numel() == 0) return out;
-  const int64_t row_bytes = x.numel() / N * x.element_size();
   const auto d = dest.contiguous();
+  const int64_t row_elems = x.numel() / N;
+  if (out_dtype != x.scalar_type()) {
+    const auto x_addr = reinterpret_cast<uintptr_t>(x.const_data_ptr());
+    const auto out_addr = reinterpret_cast<uintptr_t>(out.const_data_ptr());
+    if ((row_elems | x.stride(0)) % 4 == 0 && x_addr % (4 * x.element_size()) == 0 &&
+        out_addr % (4 * out.element_size()) == 0)
+      launch_permute_cast_rows<4>(x, d, row_elems, out);
+    else
+      launch_permute_cast_rows<1>(x, d, row_elems, out);
+    return out;
+  }
+  const int64_t row_bytes = row_elems * x.element_size();
   const uint64_t bits = static_cast<uint64_t>(row_bytes) | static_cast<uint64_t>(x.stride(0) * x.element_size()) |
                         reinterpret_cast<uintptr_t>(x.const_data_ptr()) | reinterpret_cast<uintptr_t>(out.const_data_ptr());
   if (bits % 16 == 0) launch_permute_rows<uint4>(x, d, row_bytes, out);

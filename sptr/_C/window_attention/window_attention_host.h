@@ -3,6 +3,7 @@
 #include <sptr/checks.h>
 #include <sptr/views.h>
 
+#include <optional>
 #include <utility>
 
 #include "window_attention_math.h"
@@ -234,10 +235,13 @@ inline std::tuple<at::Tensor, at::Tensor> window_sort(const at::Tensor& cells) {
 }
 
 // window_permute_rows: out[dest[i]] = x[i] (x's rows in window order, or back), a scatter into a new contiguous
-// tensor. A scatter, not a gather, on purpose: ATen's CUDA gather of rows (index_select) runs one thread block
-// per row. `source` (the inverse permutation) is the backward's `dest`. Its argument checks, then its CPU kernel
+// tensor, optionally cast to `dtype` on the way (the attention's compute dtype: one pass instead of a cast and a
+// permute; a cast commutes with a permute, so the bits are those of x.to(dtype) permuted). A scatter, not a
+// gather, on purpose: ATen's CUDA gather of rows (index_select) runs one thread block per row. `source` (the
+// inverse permutation) is the backward's `dest`. Its argument checks and output dtype, then its CPU kernel
 // (ATen's index_copy_; CUDA has its own row copy in window_attention_cuda.cu).
-inline void check_permute_rows(const at::Tensor& x, const at::Tensor& dest, const at::Tensor& source) {
+inline at::ScalarType check_permute_rows(const at::Tensor& x, const at::Tensor& dest, const at::Tensor& source,
+                                         std::optional<at::ScalarType> dtype) {
   SPTR_CHECK_VALUE(x.dim() >= 1, "x must have at least one dimension, got ", x.sizes());
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"dest", dest}, {"source", source}}) {
     SPTR_CHECK_VALUE(t.dim() == 1 && t.size(0) == x.size(0), name, " must be a 1-D tensor of x.shape[0] = ",
@@ -245,11 +249,16 @@ inline void check_permute_rows(const at::Tensor& x, const at::Tensor& dest, cons
     SPTR_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be int64, got ", t.scalar_type());
     SPTR_CHECK_VALUE(t.device() == x.device(), name, " must be on x's device ", x.device(), ", got ", t.device());
   }
+  if (!dtype.has_value() || *dtype == x.scalar_type()) return x.scalar_type();
+  SPTR_CHECK_TYPE(at::isFloatingType(x.scalar_type()) && at::isFloatingType(*dtype), "dtype casts floating x to "
+                  "another floating dtype, got x of ", x.scalar_type(), " and dtype ", *dtype);
+  return *dtype;
 }
 
-inline at::Tensor window_permute_rows_cpu(const at::Tensor& x, const at::Tensor& dest, const at::Tensor& source) {
-  check_permute_rows(x, dest, source);
-  return at::empty(x.sizes(), x.options()).index_copy_(0, dest, x);
+inline at::Tensor window_permute_rows_cpu(const at::Tensor& x, const at::Tensor& dest, const at::Tensor& source,
+                                          std::optional<at::ScalarType> dtype) {
+  const at::ScalarType out_dtype = check_permute_rows(x, dest, source, dtype);
+  return at::empty(x.sizes(), x.options().dtype(out_dtype)).index_copy_(0, dest, x.to(out_dtype));
 }
 
 // Per-window starts for precompute_all: window of each point, first point and first pair of each window.

@@ -10,16 +10,12 @@
 #include <sptr/checks.h>
 #include <sptr/views.h>
 
+#include "check_xyz.h"
+
 #include <cmath>
 #include <optional>
 
 namespace sptr {
-
-// Both ops' points: floating (N, 3).
-inline void check_xyz(const at::Tensor& xyz) {
-  SPTR_CHECK_VALUE(xyz.dim() == 2 && xyz.size(1) == 3, "xyz must have shape (N, 3), got ", xyz.sizes());
-  SPTR_CHECK_TYPE(at::isFloatingType(xyz.scalar_type()), "xyz must be a floating tensor, got ", xyz.scalar_type());
-}
 
 // The per-point inputs and the frame, as device-readable pointers (the frame's values stay on the device).
 template <typename T>
