@@ -423,9 +423,16 @@ __global__ void delta_kernel(const Args<T> a) {
 // gradients), the staged tables, the coordinates of the other side, the table products of both sides, and
 // the own rows' histograms (dq: Hq of dS, Hv of P; dk: Hk of dS). Two-buffer arrays are indexed by
 // arithmetic (buf · size): an array of pointers indexed at run time would go to the stack.
-template <int DP, typename T, bool REL>
+// With tables the fp32 per-row state decides the occupancy (3L = 144 columns at the spherical tables: 36 KiB
+// for each array over the 64 own rows). dk/dv fits two CTAs per multiprocessor at head dim 16 (110 KiB each,
+// against 142 KiB in the dq layout) by walking query blocks of 16 instead of 32 (half the block products'
+// bytes), staging the tables unpadded (TLD: 32-byte rows, two-way ldmatrix bank conflicts) and putting the own
+// V tile under the block products (it goes to registers before the barrier that opens the first block). dq
+// stays at one CTA: its four own-row arrays alone take 144 KiB.
+template <int DP, typename T, bool REL, bool DQ>
 struct MmaBwdSmem {
-  static constexpr int BN = REL ? 32 : mma::kBlock<DP>, LD = mma::kLd<DP>;
+  static constexpr int BN = REL ? (DQ ? 32 : 16) : mma::kBlock<DP>, LD = mma::kLd<DP>;
+  static constexpr int TLD = REL && !DQ && DP == 16 ? DP : LD;  // row pitch of the staged tables
   T *X, *Y;                  // other side, 2 buffers: K and V (dq) or Q and dO (dk/dv)
   float *lse, *delta;        // dk/dv: the query block's lse and delta, 2 buffers
   T *A = nullptr, *B = nullptr;  // REL: own tile, Q and dO (dq) or K and V (dk/dv)
@@ -436,19 +443,19 @@ struct MmaBwdSmem {
   float *other_p1 = nullptr, *other_p2 = nullptr;  // block products: Kt (dq) or Qt, Gt (dk/dv)
   float *hist1 = nullptr, *hist2 = nullptr;        // Hq, Hv (dq) or Hk (dk/dv)
   int lp = 0;
-  __host__ __device__ MmaBwdSmem(Bump& b, const Args<T>& a, bool dq)
+  __host__ __device__ MmaBwdSmem(Bump& b, const Args<T>& a)
       : X(b.take<T>(2 * BN * LD)), Y(b.take<T>(2 * BN * LD)), lse(b.take<float>(2 * BN)), delta(b.take<float>(2 * BN)) {
     if (!REL) return;
     constexpr int R = mma::kRows;
     lp = a.L3p;
     A = b.take<T>(R * LD);
-    B = b.take<T>(R * LD);
-    tq = b.take_if<T>(a.tq != nullptr, a.L3p * LD);
-    tk = b.take_if<T>(a.tk != nullptr, a.L3p * LD);
-    tv = b.take_if<T>(a.tv != nullptr, a.L3p * LD);
+    if (DQ) B = b.take<T>(R * LD);
+    tq = b.take_if<T>(a.tq != nullptr, a.L3p * TLD);
+    tk = b.take_if<T>(a.tk != nullptr, a.L3p * TLD);
+    tv = b.take_if<T>(a.tv != nullptr, a.L3p * TLD);
     oc = b.take<int>(2 * BN * 3);
     orad = b.take_if<float>(a.rel.radius != nullptr, 2 * BN);
-    if (dq) {
+    if (DQ) {
       own_p1 = b.take_if<float>(a.tq != nullptr, R * lp);
       own_p2 = b.take_if<float>(a.tv != nullptr, R * lp);
       other_p1 = b.take_if<float>(a.tk != nullptr, BN * lp);
@@ -456,20 +463,19 @@ struct MmaBwdSmem {
       hist2 = b.take_if<float>(a.tv != nullptr, R * lp);
     } else {
       own_p1 = b.take_if<float>(a.tk != nullptr, R * lp);
+      hist1 = b.take_if<float>(a.tk != nullptr, R * lp);
+      char* const under = next_take(b);  // B, and the block products over it
       other_p1 = b.take_if<float>(a.tq != nullptr, BN * lp);
       other_p2 = b.take_if<float>(a.tv != nullptr, BN * lp);
-      hist1 = b.take_if<float>(a.tk != nullptr, R * lp);
+      reserve_from(b, under, R * LD * sizeof(T));
+      B = reinterpret_cast<T*>(under);
     }
   }
 };
 template <int DP, typename T, bool REL>
-struct MmaDqSmem : MmaBwdSmem<DP, T, REL> {
-  __host__ __device__ MmaDqSmem(Bump& b, const Args<T>& a) : MmaBwdSmem<DP, T, REL>(b, a, true) {}
-};
+using MmaDqSmem = MmaBwdSmem<DP, T, REL, true>;
 template <int DP, typename T, bool REL>
-struct MmaDkvSmem : MmaBwdSmem<DP, T, REL> {
-  __host__ __device__ MmaDkvSmem(Bump& b, const Args<T>& a) : MmaBwdSmem<DP, T, REL>(b, a, false) {}
-};
+using MmaDkvSmem = MmaBwdSmem<DP, T, REL, false>;
 
 // Per-CTA start of a REL item: the own tile (rows [r0, r0 + n) of x and y) and the present tables staged,
 // the own A fragments taken from the tile.
@@ -477,12 +483,12 @@ template <int DP, typename T, typename S>
 __device__ void stage_own(const S& sm, const Args<T>& a, const T* x, const T* y, int r0, int n, int h,
                           uint32_t (&xf)[DP / 16][4], uint32_t (&yf)[DP / 16][4]) {
   using namespace mma;
-  constexpr int LD = kLd<DP>;
+  constexpr int LD = kLd<DP>, TLD = S::TLD;
   async_block<DP, LD, kRows, kThreads>(sm.A, x, a.H, r0, n, h);
   async_block<DP, LD, kRows, kThreads>(sm.B, y, a.H, r0, n, h);
-  if (a.tq) async_rows<DP, LD, kThreads>(sm.tq, a.tq, a.H, 0, a.L3, a.L3p, h);
-  if (a.tk) async_rows<DP, LD, kThreads>(sm.tk, a.tk, a.H, 0, a.L3, a.L3p, h);
-  if (a.tv) async_rows<DP, LD, kThreads>(sm.tv, a.tv, a.H, 0, a.L3, a.L3p, h);
+  if (a.tq) async_rows<DP, TLD, kThreads>(sm.tq, a.tq, a.H, 0, a.L3, a.L3p, h);
+  if (a.tk) async_rows<DP, TLD, kThreads>(sm.tk, a.tk, a.H, 0, a.L3, a.L3p, h);
+  if (a.tv) async_rows<DP, TLD, kThreads>(sm.tv, a.tv, a.H, 0, a.L3, a.L3p, h);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -635,7 +641,7 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
   using namespace mma;
   if (REL && a.onehot != nullptr && *a.onehot) return;  // bwd_dkv_onehot_kernel does the work
   using Smem = MmaDkvSmem<DP, T, REL>;
-  constexpr int BQ = Smem::BN, LD = kLd<DP>, NT = BQ / 8, DT = DP / 8;
+  constexpr int BQ = Smem::BN, LD = kLd<DP>, TLD = Smem::TLD, NT = BQ / 8, DT = DP / 8;
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
   const Smem sm(bump, a);
@@ -656,7 +662,7 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
       own_coords(a, w0, ck, &rk);
       const int own = warp * 16 * sm.lp;
       if (a.tk) {
-        table_products<DP, LD>(sm.own_p1 + own, sm.lp, kf, sm.tk, 0, a.L3p / 16);
+        table_products<DP, TLD>(sm.own_p1 + own, sm.lp, kf, sm.tk, 0, a.L3p / 16);
         for (int i = lane; i < 16 * sm.lp; i += 32) sm.hist1[own + i] = 0.f;
       }
       __syncwarp();
@@ -694,8 +700,8 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
       const float* qr = sm.orad + buf * BQ;
       if constexpr (REL) {
         if (a.tq || a.tv) {
-          if (a.tq) block_products<DP, BQ>(sm.other_p1, sm.lp, Q, sm.tq, a.L3p);
-          if (a.tv) block_products<DP, BQ>(sm.other_p2, sm.lp, G, sm.tv, a.L3p);
+          if (a.tq) block_products<DP, BQ, TLD>(sm.other_p1, sm.lp, Q, sm.tq, a.L3p);
+          if (a.tv) block_products<DP, BQ, TLD>(sm.other_p2, sm.lp, G, sm.tv, a.L3p);
           __syncthreads();
         }
       }
@@ -744,7 +750,7 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
       for (int e = 0; e < 4; ++e) dk[dt][e] *= f;
     if constexpr (REL) {
       if (a.tk && active)
-        add_rows_times_table<DP, LD>(dk, sm.hist1 + warp * 16 * sm.lp, sm.lp, sm.tk, a.L3p, 1.f, 1.f);
+        add_rows_times_table<DP, TLD>(dk, sm.hist1 + warp * 16 * sm.lp, sm.lp, sm.tk, a.L3p, 1.f, 1.f);
     }
     if (active) {
       store_c_rows<DP>(a.dk, dk, a.N, a.H, w0, h, 1.f, 1.f);

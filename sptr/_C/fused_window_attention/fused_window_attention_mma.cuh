@@ -283,11 +283,11 @@ __device__ __forceinline__ void split_block_products(const T* rows_tile, int L3p
   products(f, rg, part * npairs / PARTS, (part + 1) * npairs / PARTS);
 }
 
-// dst (BN x lp, fp32) = the block's rows times the staged table (split_block_products).
-template <int DP, int BN, typename T>
+// dst (BN x lp, fp32) = the block's rows times the staged table of row pitch TLD (split_block_products).
+template <int DP, int BN, int TLD = kLd<DP>, typename T>
 __device__ void block_products(float* dst, int lp, const T* rows_tile, const T* table, int L3p) {
   split_block_products<DP, BN>(rows_tile, L3p, [&](const uint32_t (&f)[DP / 16][4], int rg, int np0, int np1) {
-    table_products<DP, kLd<DP>>(dst + rg * 16 * lp, lp, f, table, np0, np1);
+    table_products<DP, TLD>(dst + rg * 16 * lp, lp, f, table, np0, np1);
   });
 }
 
