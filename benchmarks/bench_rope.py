@@ -118,6 +118,53 @@ def backward_rows():
     return rows
 
 
+def in_place_by_copy(q, k, cos, sin, sec):
+    """apply_rotary_'s form for views it cannot record on their base (slices of a fused qkv output; before
+    `mrope_rebased_`, every view): the rotation out of place, copied in with `copy_` (and CopySlices in the
+    backward)."""
+    saved = rope._covering_base
+    rope._covering_base = lambda x: None
+    try:
+        return rope.apply_rotary_(q, k, cos, sin, sec)
+    finally:
+        rope._covering_base = saved
+
+
+def attention_rows():
+    """As in Qwen2.5-VL's text attention: q and k are the [B, H, S, D] views of their own projections' outputs,
+    fresh each step (here a clone of a leaf, timed alone in the first row and subtracted in the last column), so
+    in-place rotations (sptr's `apply_rotary_`, Liger's kernel) are legal. Forward+backward, bf16."""
+    sec, B, S, D = [16, 24, 24], 8, 768, 128
+    q, k, cos, sin = rope_inputs(torch.bfloat16)
+    xq = torch.randn(B, S, q.shape[1], D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    xk = torch.randn(B, S, k.shape[1], D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    contenders = {"clone only (the projections' outputs)": lambda a, b: (a, b),
+                  "sptr apply_rotary": lambda a, b: rope.apply_rotary(a, b, cos, sin, sec),
+                  "sptr apply_rotary_ (in place)": lambda a, b: rope.apply_rotary_(a, b, cos, sin, sec),
+                  "sptr apply_rotary_, copy_ form": lambda a, b: in_place_by_copy(a, b, cos, sin, sec)}
+    try:
+        from liger_kernel.ops.qwen2vl_mrope import LigerQwen2VLMRopeFunction
+
+        contenders["Liger (Triton, in place)"] = lambda a, b: LigerQwen2VLMRopeFunction.apply(a, b, cos, sin, sec, 1)
+    except Exception as exc:  # noqa: BLE001 - report, don't fail the run
+        print(f"liger-kernel unavailable: {exc}")
+    times = {}
+    for name, fn in contenders.items():
+        def step(fn=fn):
+            out = fn(xq.clone().transpose(1, 2), xk.clone().transpose(1, 2))
+            return torch.autograd.grad(out, (xq, xk), (gq, gk))
+        times[name] = (time_ms(step), graph_ms(step, calls=10))
+    clone = times["clone only (the projections' outputs)"][1]
+    liger = times.get("Liger (Triton, in place)", (float("nan"),) * 2)[1] - clone
+    rows = []
+    for name, (eager, graph) in times.items():
+        own = graph - clone
+        rows.append([name, f"{eager * 1e3:.1f}", f"{graph * 1e3:.1f}", f"{own * 1e3:.1f}" if own > 0 else "",
+                     f"{own / liger:.2f}x" if own > 0 and liger == liger else ""])
+    return rows
+
+
 def index_inputs():
     dev = "cuda"
     grids = torch.tensor([[1, 18, 18]] * 24, device=dev)
@@ -217,6 +264,10 @@ def main():
           "% = HBM floor / time at 4.3 TB/s (fwd+bwd: twice the bytes); vs = against sptr bf16 graph time")
     print(table(rope_rows(), ["dtype", "rope", "fwd eager us", "fwd graph us", "fwd % floor", "fwd vs sptr",
                               "fwd+bwd eager us", "fwd+bwd graph us", "fwd+bwd % floor", "fwd+bwd vs sptr"]))
+    print()
+    print("mRoPE in the attention (forward+backward): q, k the [B,H,S,D] views of fresh projection outputs, "
+          "bf16; 'rope us' = graph time minus the clone row's")
+    print(table(attention_rows(), ["rope", "fwd+bwd eager us", "fwd+bwd graph us", "rope us", "vs Liger"]))
     print()
     print("mRoPE backward alone (sptr.mrope_bwd, the op autograd runs), same shapes, gradients dense")
     print(table(backward_rows(), ["dtype", "bwd graph us", "HBM floor us", "% floor"]))

@@ -90,6 +90,11 @@ TORCH_LIBRARY(sptr, m) {
       "Tensor(a!) q_out, Tensor(b!) k_out) -> ()");
   m.def(
       "mrope_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, int[] mrope_section, bool hf_layout) -> ()");
+  // mrope_ of q_base.as_strided(q_size, q_stride) and k_base.as_strided(k_size, k_stride), views that cover
+  // their contiguous bases: autograd records the bases as modified (no gradient copies for the views).
+  m.def(
+      "mrope_rebased_(Tensor(a!) q_base, Tensor(b!) k_base, Tensor cos, Tensor sin, int[] mrope_section, "
+      "bool hf_layout, int[] q_size, int[] q_stride, int[] k_size, int[] k_stride) -> ()");
   m.def(
       "mrope_bwd(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, int[] mrope_section, bool hf_layout, "
       "ScalarType? input_dtype=None) "

@@ -102,26 +102,69 @@ def _same_view(a: Tensor, b: Tensor) -> bool:
                       and a.stride() == b.stride())
 
 
+@torch.library.register_fake("sptr::mrope_rebased_")
+def _mrope_rebased_fake(q_base, k_base, cos, sin, mrope_section, hf_layout, q_size, q_stride, k_size, k_stride):
+    return None
+
+
+def _dense_order(x: Tensor) -> list[int] | None:
+    """x's dims from outermost to innermost in memory where x is dense (its elements fill a contiguous block),
+    else None."""
+    order = sorted(range(x.dim()), key=lambda d: (-x.stride(d), -x.shape[d]))
+    expected = 1
+    for d in reversed(order):
+        if x.shape[d] != 1 and x.stride(d) != expected:
+            return None
+        expected *= x.shape[d]
+    return order
+
+
+def _covering_base(x: Tensor) -> Tensor | None:
+    """The contiguous tensor x is a dense view of, all of it (x itself where x is not a view), or None."""
+    base = x if x._base is None else x._base
+    if (base.is_contiguous() and base.numel() == x.numel() and base.storage_offset() == x.storage_offset()
+            and _dense_order(x) is not None):
+        return base
+    return None
+
+
+def _view_as(base: Tensor, like: Tensor) -> Tensor:
+    """`like`'s geometry over its covering base, by view and permute (whose gradients are free)."""
+    order = _dense_order(like)
+    inverse = sorted(range(like.dim()), key=order.__getitem__)
+    return base.view([like.shape[d] for d in order]).permute(inverse)
+
+
 def apply_rotary_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: Sequence[int] | None = None, *,
                   section_layout: str = "hf") -> tuple[Tensor, Tensor]:
     """In-place :func:`apply_rotary` (exact: each thread reads its rotation pair before writing it). The result
     keeps q's dtype, so fp32 cos/sin are cast to it first (transformers' low-precision models do the same).
 
-    q and k must not share memory. With autograd recording (an input that requires grad), the rotation is
-    differentiable as PyTorch's in-place ops are: the same values are computed out of place and copied in with
-    ``copy_``, which bumps the version counters, rebases views and refuses a leaf that requires grad.
+    q and k must not share memory. Differentiable as PyTorch's in-place ops are (versions bumped, a leaf that
+    requires grad refused). Use the returned tensors: where q and k are dense views of whole contiguous
+    tensors (a projection's output seen as ``[B, H, S, D]``, as in transformers' attention), the rotation is
+    recorded on those tensors and the results are fresh views of them, so the backward rotates the gradient
+    in one kernel and copies nothing; other views (slices of a fused qkv output, say) and trainable cos/sin
+    take an out-of-place rotation copied in with ``copy_``.
     """
     section = _check(q, k, cos, sin, mrope_section, section_layout)
     check_no_overlap("q", q, "k", k)
     hf = section_layout == "hf"
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad or sin.requires_grad):
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or cos.requires_grad
+                                        or sin.requires_grad)
+    if not grad:
+        _ops.mrope_(q, k, cos, sin, section, hf)
+        _bump_versions(q, k)
+        return q, k
+    q_base, k_base = _covering_base(q), _covering_base(k)
+    if q_base is None or k_base is None or cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling():
         q_rot, k_rot = _ops.mrope_fwd(q, k, cast(cos, q.dtype), cast(sin, q.dtype), section, hf, False)
         q.copy_(q_rot)
         k.copy_(k_rot)
         return q, k
-    _ops.mrope_(q, k, cos, sin, section, hf)
-    _bump_versions(q, k)
-    return q, k
+    _ops.mrope_rebased_(q_base, k_base, cast(cos, q.dtype), cast(sin, q.dtype), section, hf, q.shape, q.stride(),
+                        k.shape, k.stride())
+    return _view_as(q_base, q), _view_as(k_base, k)
 
 
 def rope(q, k, cos, sin, q_out, k_out, mrope_section_doubled, *, section_layout: str = "hf") -> None:

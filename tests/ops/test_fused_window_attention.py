@@ -271,10 +271,14 @@ def test_opcheck_cuda():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-@pytest.mark.parametrize("counts", [[300] * 8 + [5] * 50, [20] * 60], ids=["large-windows", "stored-pairs"])
-def test_deterministic_backward_is_bitwise_reproducible(dtype, counts):
-    q, k, v, offsets, rel_pos = make_case(counts, 4, 16, dtype, "cuda", ("query", "key", "value"), seed=7,
-                                          qgl=6)
+@pytest.mark.parametrize("counts,radial", [([300] * 8 + [5] * 50, False), ([20] * 60, False),
+                                           ([200, 1, 64, 7, 130, 33] * 3, True)],
+                         ids=["large-windows", "stored-pairs", "radial-gather"])
+def test_deterministic_backward_is_bitwise_reproducible(dtype, counts, radial):
+    """Three runs give the same bits; radial-gather: the spherical tables' gather kernels, whose dq kernel adds
+    the histograms of a row group's two warps one after the other."""
+    q, k, v, offsets, rel_pos = make_case(counts, 4, 16, dtype, "cuda", ("query", "key", "value"), radial, seed=7,
+                                          qgl=24 if radial else 6)
     upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(8)).to("cuda")
     runs = [run_with_grads(fused(offsets, 0.25), q, k, v, rel_pos, upstream, deterministic=True)[1]
             for _ in range(3)]

@@ -227,3 +227,78 @@ def test_cuda_launch_shapes_equal_the_cpu_kernel(dtype, shape):
         grads = torch.autograd.grad(out, (a, b), (gq.to(device), gk.to(device)))
         results.append([t.cpu() for t in (*out, *grads)])
     assert all(torch.equal(c, g) for c, g in zip(*results))
+
+
+def graph_names(t):
+    """The autograd node names reachable from t."""
+    names, stack, seen = set(), [t.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(n for n, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_in_place_rotation_of_projection_outputs_records_the_projections(device, dtype):
+    """transformers' attention rotates `proj(x).view(B, S, H, D).transpose(1, 2)`: in place, the rotation is
+    recorded on the projection's output (no CopySlices, whose backward copies the gradient), the results are
+    fresh views of it, and values and gradients are transformers' bits."""
+    torch.manual_seed(3)
+    B, S, Hq, Hk, D = 2, 7, 4, 2, 16
+    cos, sin = tables(B, S, D, dtype, device)
+    x = torch.randn(B, S, 24, dtype=dtype, device=device)
+    wq = torch.randn(Hq * D, 24, dtype=dtype, device=device, requires_grad=True)
+    wk = torch.randn(Hk * D, 24, dtype=dtype, device=device, requires_grad=True)
+    gq, gk = torch.randn(B, Hq, S, D, dtype=dtype, device=device), torch.randn(B, Hk, S, D, dtype=dtype, device=device)
+
+    def projections(w1, w2):
+        q = torch.nn.functional.linear(x, w1).view(B, S, Hq, D).transpose(1, 2)
+        return q, torch.nn.functional.linear(x, w2).view(B, S, Hk, D).transpose(1, 2)
+
+    wq2, wk2 = wq.detach().clone().requires_grad_(), wk.detach().clone().requires_grad_()
+    want = hf.apply_multimodal_rotary_pos_emb(*projections(wq2, wk2), cos, sin, [2, 3, 3])
+    torch.autograd.backward(want, (gq, gk))
+    q, k = projections(wq, wk)
+    got = rope.apply_rotary_(q, k, cos, sin, [2, 3, 3])
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(q, want[0])  # the views given are rotated too
+    assert "CopySlices" not in graph_names(got[0]) and "AsStridedBackward0" not in graph_names(got[0])
+    torch.autograd.backward(got, (gq, gk))
+    assert torch.equal(wq.grad, wq2.grad) and torch.equal(wk.grad, wk2.grad)
+    # the old view object follows its base's new history too
+    wq.grad = None
+    q, k = projections(wq, wk)
+    rope.apply_rotary_(q, k, cos, sin, [2, 3, 3])
+    (q * gq).sum().backward()
+    assert torch.equal(wq.grad, wq2.grad)
+
+
+def test_in_place_rotation_of_views_is_checked_like_pytorch_in_place_ops():
+    cos, sin = tables(1, 5, 16, torch.float64, "cpu")
+    base = torch.randn(1, 5, 32, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 5, 16, dtype=torch.float64).view(1, 5, 1, 16).transpose(1, 2)
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        rope.apply_rotary_(base.view(1, 5, 2, 16).transpose(1, 2), k, cos, sin, [2, 3, 3])
+
+    def rotated(b):
+        return rope.apply_rotary_((b * 1).view(1, 5, 2, 16).transpose(1, 2), k.clone(), cos, sin, [2, 3, 3])[0]
+
+    assert torch.autograd.gradcheck(rotated, (base,))
+    saved = base * 1
+    loss = saved.square().sum()  # saves `saved`, whose view is rotated below
+    rope.apply_rotary_(saved.view(1, 5, 2, 16).transpose(1, 2), k.clone(), cos, sin, [2, 3, 3])
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    q = torch.randn(1, 5, 32, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.sptr.mrope_rebased_.default,
+                          (q, k.clone(), cos, sin, [2, 3, 3], True, [1, 2, 5, 16], [160, 16, 32, 1], list(k.shape),
+                           list(k.stride())))
+    with pytest.raises(ValueError, match="must be contiguous"):
+        strided = torch.empty_strided((1, 5, 32), (160, 1, 5), dtype=torch.float64).requires_grad_()
+        torch.ops.sptr.mrope_rebased_(strided, k.clone(), cos, sin, [2, 3, 3], True,
+                                      [1, 2, 5, 16], [160, 16, 32, 1], list(k.shape), list(k.stride()))

@@ -86,8 +86,96 @@ std::tuple<Tensor, Tensor> mrope_fwd_autograd(const Tensor& q, const Tensor& k, 
   return {outs[0], outs[1]};
 }
 
+using RebasedSignature = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, at::IntArrayRef, bool,
+                              at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, at::IntArrayRef);
+
+// mrope_rebased_ below autograd, the bases' versions bumped (the dispatcher bumps none for a custom op that
+// writes its arguments).
+void rotate_bases(const Tensor& q_base, const Tensor& k_base, const Tensor& cos, const Tensor& sin,
+                  at::IntArrayRef section, bool hf_layout, at::IntArrayRef q_size, at::IntArrayRef q_stride,
+                  at::IntArrayRef k_size, at::IntArrayRef k_stride) {
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static const auto op = typed_op<RebasedSignature>("sptr::mrope_rebased_");
+    op.call(q_base, k_base, cos, sin, section, hf_layout, q_size, q_stride, k_size, k_stride);
+  }
+  for (const Tensor* t : {&q_base, &k_base})
+    if (!t->is_inference()) torch::autograd::impl::bump_version(*t);
+}
+
+// The gradient of a contiguous base from the gradient `g` of its view (size, stride) rotated back. The rotated
+// gradient keeps the view's strides (rope_output_like), so its memory, read in the base's contiguous order, is
+// the base's gradient; a stride that came out otherwise (a dimension of size 1) takes a copy.
+Tensor base_grad(const Tensor& g, const Tensor& base, at::IntArrayRef stride) {
+  if (g.strides() == stride) return g.as_strided(base.sizes(), base.strides(), g.storage_offset());
+  Tensor out = at::empty_like(base, g.options());
+  out.as_strided(g.sizes(), stride).copy_(g);
+  return out;
+}
+
+// apply_rotary_ with gradients: q and k are views that cover their contiguous bases (the projections' outputs
+// seen as [B, H, S, D]), rotated in place and recorded as in-place writes of the bases. The bases' views,
+// q and k among them, follow the bases' new history, so nothing reads stale autograd state; a leaf base that
+// requires grad is refused as for any in-place op. Marking the views themselves would give each base
+// CopySlices, whose backward copies the gradient three times over.
+class RebasedRope : public torch::autograd::Function<RebasedRope> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& q_base, const Tensor& k_base, const Tensor& cos,
+                               const Tensor& sin, at::IntArrayRef section, bool hf_layout, at::IntArrayRef q_size,
+                               at::IntArrayRef q_stride, at::IntArrayRef k_size, at::IntArrayRef k_stride) {
+    rotate_bases(q_base, k_base, cos, sin, section, hf_layout, q_size, q_stride, k_size, k_stride);
+    ctx->mark_dirty({q_base, k_base});
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["section"] = section.vec();
+    ctx->saved_data["hf_layout"] = hf_layout;
+    ctx->saved_data["q_size"] = q_size.vec();
+    ctx->saved_data["q_stride"] = q_stride.vec();
+    ctx->saved_data["k_size"] = k_size.vec();
+    ctx->saved_data["k_stride"] = k_stride.vec();
+    return {q_base, k_base};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list s = ctx->get_saved_variables();  // cos, sin
+    refuse_double_backward("apply_rotary_", {&grads[0], &grads[1]});
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const std::vector<int64_t> q_size = ctx->saved_data["q_size"].toIntVector();
+    const std::vector<int64_t> q_stride = ctx->saved_data["q_stride"].toIntVector();
+    const std::vector<int64_t> k_size = ctx->saved_data["k_size"].toIntVector();
+    const std::vector<int64_t> k_stride = ctx->saved_data["k_stride"].toIntVector();
+    // The bases are contiguous, so a contiguous gradient of one is laid out as the base, and the view's
+    // geometry reads the view's gradient from it.
+    const Tensor gq_base = grads[0].contiguous(), gk_base = grads[1].contiguous();
+    static const auto op = typed_op<BwdSignature>("sptr::mrope_bwd");
+    auto [gq, gk] = op.call(gq_base.as_strided(q_size, q_stride), gk_base.as_strided(k_size, k_stride), s[0], s[1],
+                            ctx->saved_data["section"].toIntVector(), ctx->saved_data["hf_layout"].toBool(),
+                            std::nullopt);
+    return {base_grad(gq, gq_base, q_stride), base_grad(gk, gk_base, k_stride), Tensor(), Tensor(), Tensor(),
+            Tensor(),  Tensor(),  Tensor(),  Tensor(),  Tensor()};
+  }
+};
+
+void mrope_rebased_autograd(const Tensor& q_base, const Tensor& k_base, const Tensor& cos, const Tensor& sin,
+                            at::IntArrayRef section, bool hf_layout, at::IntArrayRef q_size, at::IntArrayRef q_stride,
+                            at::IntArrayRef k_size, at::IntArrayRef k_stride) {
+  const bool bases_grad = q_base.requires_grad() || k_base.requires_grad();
+  if (!at::GradMode::is_enabled() || !(bases_grad || cos.requires_grad() || sin.requires_grad())) {
+    rotate_bases(q_base, k_base, cos, sin, section, hf_layout, q_size, q_stride, k_size, k_stride);
+    return;
+  }
+  SPTR_CHECK_VALUE(!cos.requires_grad() && !sin.requires_grad(),
+                   "mrope_rebased_: cos/sin that require grad need the pre-rotation q and k, which an in-place "
+                   "rotation overwrites; use apply_rotary (out of place) for trainable tables");
+  SPTR_CHECK_VALUE(q_base.is_contiguous() && k_base.is_contiguous(),
+                   "mrope_rebased_: q_base and k_base must be contiguous (the views' gradients are read from theirs)");
+  RebasedRope::apply(q_base, k_base, cos, sin, section, hf_layout, q_size, q_stride, k_size, k_stride);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(sptr, Autograd, m) { m.impl("mrope_fwd", &mrope_fwd_autograd); }
+TORCH_LIBRARY_IMPL(sptr, Autograd, m) {
+  m.impl("mrope_fwd", &mrope_fwd_autograd);
+  m.impl("mrope_rebased_", &mrope_rebased_autograd);
+}
 
 }  // namespace sptr

@@ -22,6 +22,7 @@ TORCH_LIBRARY_IMPL(sptr, CPU, m) {
   m.impl("mrope_fwd", &mrope_fwd_impl<CpuRope>);
   m.impl("mrope_fwd_out", &mrope_fwd_out_impl<CpuRope>);
   m.impl("mrope_", &mrope_inplace_impl<CpuRope>);
+  m.impl("mrope_rebased_", &mrope_rebased_impl<CpuRope>);
   m.impl("mrope_bwd", &mrope_bwd_impl<CpuRope>);
 }
 

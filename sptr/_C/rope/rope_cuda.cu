@@ -162,6 +162,12 @@ TORCH_LIBRARY_IMPL(sptr, CUDA, m) {
     c10::cuda::CUDAGuard guard(q.device());
     mrope_inplace_impl<CudaRope>(q, k, c, s, sec, hf);
   });
+  m.impl("mrope_rebased_", [](const at::Tensor& qb, const at::Tensor& kb, const at::Tensor& c, const at::Tensor& s,
+                              at::IntArrayRef sec, bool hf, at::IntArrayRef qs, at::IntArrayRef qst,
+                              at::IntArrayRef ks, at::IntArrayRef kst) {
+    c10::cuda::CUDAGuard guard(qb.device());
+    mrope_rebased_impl<CudaRope>(qb, kb, c, s, sec, hf, qs, qst, ks, kst);
+  });
   m.impl("mrope_bwd", [](const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& c, const at::Tensor& s,
                          at::IntArrayRef sec, bool hf, std::optional<at::ScalarType> input_dtype) {
     c10::cuda::CUDAGuard guard(gq.device());

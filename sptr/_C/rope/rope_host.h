@@ -207,6 +207,19 @@ void mrope_inplace_impl(const at::Tensor& q, const at::Tensor& k, const at::Tens
   rope_rotate<Device>(q, k, cos, sin, section, hf_layout, false, q, k);
 }
 
+// mrope_ on the views q = q_base.as_strided(q_size, q_stride), k likewise: the in-place rotation whose
+// autograd marks the bases modified (rope_autograd.cpp), which a view of each base, rotated in place, would not
+// allow without autograd's copies of the gradient (CopySlices).
+template <class Device>
+void mrope_rebased_impl(const at::Tensor& q_base, const at::Tensor& k_base, const at::Tensor& cos,
+                        const at::Tensor& sin, at::IntArrayRef section, bool hf_layout, at::IntArrayRef q_size,
+                        at::IntArrayRef q_stride, at::IntArrayRef k_size, at::IntArrayRef k_stride) {
+  SPTR_CHECK_VALUE(q_size.size() == 4 && q_stride.size() == 4 && k_size.size() == 4 && k_stride.size() == 4,
+                   "mrope_rebased_: q and k views must be 4-D, got sizes ", q_size, " and ", k_size);
+  mrope_inplace_impl<Device>(q_base.as_strided(q_size, q_stride), k_base.as_strided(k_size, k_stride), cos, sin,
+                             section, hf_layout);
+}
+
 // input_dtype: the dtype of the forward's q, k when it was promoted (the gradient is then fp32).
 template <class Device>
 std::tuple<at::Tensor, at::Tensor> mrope_bwd_impl(const at::Tensor& grad_q, const at::Tensor& grad_k,
