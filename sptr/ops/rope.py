@@ -8,6 +8,7 @@ transformers' ``apply_multimodal_rotary_pos_emb`` bit for bit (same rounding in 
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -107,32 +108,33 @@ def _mrope_rebased_fake(q_base, k_base, cos, sin, mrope_section, hf_layout, q_si
     return None
 
 
-def _dense_order(x: Tensor) -> list[int] | None:
-    """x's dims from outermost to innermost in memory where x is dense (its elements fill a contiguous block),
-    else None."""
-    order = sorted(range(x.dim()), key=lambda d: (-x.stride(d), -x.shape[d]))
+@functools.lru_cache(maxsize=256)
+def _dense_order(shape: tuple, stride: tuple) -> tuple | None:
+    """For a tensor of this geometry that is dense (its elements fill a contiguous block): its dims from outermost
+    to innermost in memory, its shape in that order, and the permutation back; else None. Cached: a model
+    rotates tensors of a few geometries."""
+    order = sorted(range(len(shape)), key=lambda d: (-stride[d], -shape[d]))
     expected = 1
     for d in reversed(order):
-        if x.shape[d] != 1 and x.stride(d) != expected:
+        if shape[d] != 1 and stride[d] != expected:
             return None
-        expected *= x.shape[d]
-    return order
+        expected *= shape[d]
+    return order, [shape[d] for d in order], sorted(range(len(shape)), key=order.__getitem__)
 
 
 def _covering_base(x: Tensor) -> Tensor | None:
     """The contiguous tensor x is a dense view of, all of it (x itself where x is not a view), or None."""
     base = x if x._base is None else x._base
     if (base.is_contiguous() and base.numel() == x.numel() and base.storage_offset() == x.storage_offset()
-            and _dense_order(x) is not None):
+            and _dense_order(tuple(x.shape), x.stride()) is not None):
         return base
     return None
 
 
 def _view_as(base: Tensor, like: Tensor) -> Tensor:
     """`like`'s geometry over its covering base, by view and permute (whose gradients are free)."""
-    order = _dense_order(like)
-    inverse = sorted(range(like.dim()), key=order.__getitem__)
-    return base.view([like.shape[d] for d in order]).permute(inverse)
+    _, shape, inverse = _dense_order(tuple(like.shape), like.stride())
+    return base.view(shape).permute(inverse)
 
 
 def apply_rotary_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: Sequence[int] | None = None, *,
