@@ -158,8 +158,9 @@ def apply_rotary_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section:
         _ops.mrope_(q, k, cos, sin, section, hf)
         _bump_versions(q, k)
         return q, k
-    q_base, k_base = _covering_base(q), _covering_base(k)
-    if q_base is None or k_base is None or cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling():
+    rebased = not (cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling())
+    q_base, k_base = (_covering_base(q), _covering_base(k)) if rebased else (None, None)
+    if q_base is None or k_base is None:
         q_rot, k_rot = _ops.mrope_fwd(q, k, cast(cos, q.dtype), cast(sin, q.dtype), section, hf, False)
         q.copy_(q_rot)
         k.copy_(k_rot)
