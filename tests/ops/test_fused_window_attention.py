@@ -87,10 +87,12 @@ def assert_matches_reference(q, k, v, offsets, rel_pos, scale, seed):
         assert_close(name, g, r, (TABLE_TOLERANCE if name.startswith("dT") else TOLERANCE)[dtype])
 
 
+RADIAL_SETS = ("qk", "qkv", "v", "q", "k")
+
+
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", [*DTYPES, torch.float64])  # float64: the tile kernels' FMA path on CUDA
-@pytest.mark.parametrize("tables,radial", [(t, False) for t in TABLE_SETS] + [("qk", True), ("qkv", True),
-                                                                                  ("v", True)])
+@pytest.mark.parametrize("tables,radial", [(t, False) for t in TABLE_SETS] + [(t, True) for t in RADIAL_SETS])
 def test_forward_backward_match_reference(device, dtype, tables, radial):
     q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, dtype, device, TABLE_SETS[tables], radial)
     assert_matches_reference(q, k, v, offsets, rel_pos, 0.3, seed=1)
@@ -154,12 +156,26 @@ def test_onehot_backward_stored_pairs(device, dtype, window, per_pass):
 
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cells_past_the_one_hot_range(device, dtype):
-    """Windows of 40 cells a side: coordinates past the CUDA one-hot kernel's 24 cells send the call to the
+@pytest.mark.parametrize("radial", [False, True])
+def test_cells_past_the_one_hot_range(device, dtype, radial):
+    """Windows of 40 cells a side: coordinates past the CUDA one-hot kernels' 24 cells send the call to the
     gather kernel (a device flag, no host sync); the result is the same function."""
-    q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, dtype, device, ("query", "key", "value"), seed=21, qgl=40)
-    assert int(rel_pos.coords.max()) >= 24
+    q, k, v, offsets, rel_pos = make_case(COUNTS, 2, 16, dtype, device, ("query", "key", "value"), radial, seed=21,
+                                          qgl=40)
+    assert int(rel_pos.coords[:, :2].max()) >= 24
     assert_matches_reference(q, k, v, offsets, rel_pos, 0.3, seed=22)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_radial_cells_past_the_one_hot_range(device, dtype):
+    """With radial bins the tables read no cell of axis 2 (the radii give its bins), so radial cells past 24
+    keep the spherical one-hot forward on CUDA, whose result is the same function."""
+    q, k, v, offsets, rel_pos = make_case([200, 1, 64, 7, 130, 33], 2, 16, dtype, device, ("query", "key", "value"),
+                                          True, seed=25, qgl=24)
+    rel_pos = dataclasses.replace(rel_pos, coords=rel_pos.coords + torch.tensor([0, 0, 40], device=device,
+                                                                                dtype=torch.int32))
+    assert_matches_reference(q, k, v, offsets, rel_pos, 0.3, seed=26)
 
 
 @pytest.mark.parametrize("device", device_params())
@@ -273,10 +289,10 @@ def test_opcheck_cuda():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("counts,radial", [([300] * 8 + [5] * 50, False), ([20] * 60, False),
                                            ([200, 1, 64, 7, 130, 33] * 3, True)],
-                         ids=["large-windows", "stored-pairs", "radial-gather"])
+                         ids=["large-windows", "stored-pairs", "radial"])
 def test_deterministic_backward_is_bitwise_reproducible(dtype, counts, radial):
-    """Three runs give the same bits; radial-gather: the spherical tables' gather kernels, whose dq kernel adds
-    the histograms of a row group's two warps one after the other."""
+    """Three runs give the same bits; radial: the spherical tables' kernels (fp16: the hybrid dq kernel, whose
+    radial histograms take one bin per pair, and the gather dk/dv kernel)."""
     q, k, v, offsets, rel_pos = make_case(counts, 4, 16, dtype, "cuda", ("query", "key", "value"), radial, seed=7,
                                           qgl=24 if radial else 6)
     upstream = torch.randn(q.shape, generator=torch.Generator().manual_seed(8)).to("cuda")

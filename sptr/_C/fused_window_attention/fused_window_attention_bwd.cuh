@@ -827,21 +827,34 @@ bool launch_mma_backward(const FusedOperands& o, const at::Tensor& bounds, Args<
     auto* dkv_storing = bwd_dkv_onehot_kernel<DP, T, true>;
     size_t dq_onehot_bytes = 0, dkv_onehot_bytes = 0, dq_stored_bytes = 0;
     if (REL && !o.radius.defined()) {
-      dq_onehot_bytes = fit_smem(dq_onehot, smem_bytes<OneHotDqSmem<DP, T>>(a));
+      dq_onehot_bytes = fit_smem(dq_onehot, smem_bytes<OneHotDqSmem<DP, T, false>>(a));
       dkv_onehot_bytes = fit_smem(dkv_onehot, smem_bytes<OneHotDkvSmem<DP, T>>(a));
       dq_stored_bytes = fit_smem(dq_stored, smem_bytes<StoredDqSmem<DP, T>>(a));
       if (dkv_onehot_bytes > 0) fit_smem(dkv_storing, dkv_onehot_bytes);
     }
+    // Spherical tables (radial bins): dq by the one-hot kernel of the angular axes (the radial bins gathered per
+    // pair), at head dims up to 32 (SphereFormer's; from 64 on its accumulators spill); dk/dv by the gather
+    // kernel, which was faster than the same scheme for dk/dv (benchmarks/RESULTS.md, twenty-fifth session).
+    void (*dq_sphere)(const Args<T>) = nullptr;
+    size_t dq_sphere_bytes = 0;
+    if constexpr (REL && DP <= 32) {
+      if (o.radius.defined()) {
+        dq_sphere = bwd_dq_onehot_kernel<DP, T, true>;
+        dq_sphere_bytes = fit_smem(dq_sphere, smem_bytes<OneHotDqSmem<DP, T, true>>(a));
+      }
+    }
+    const bool sphere = dq_sphere_bytes > 0;
+    const int dq_sphere_grid = sphere ? persistent_grid(dq_sphere, dq_sphere_bytes, items, 1) : 0;
     const bool onehot = dq_onehot_bytes > 0 && dkv_onehot_bytes > 0;
     const bool stored = onehot && dq_stored_bytes > 0;
     const int dq_onehot_grid = onehot ? persistent_grid(dq_onehot, dq_onehot_bytes, items, 1) : 0;
     const int dkv_onehot_grid = onehot ? persistent_grid(dkv_onehot, dkv_onehot_bytes, items, 1) : 0;
     const int dq_stored_grid = stored ? persistent_grid(dq_stored, dq_stored_bytes, items, 1) : 0;
     const int dkv_storing_grid = stored ? persistent_grid(dkv_storing, dkv_onehot_bytes, items, 1) : 0;
-    make_slots(std::max({dq_grid, dq_onehot_grid, dq_stored_grid}),
+    make_slots(std::max({dq_grid, dq_onehot_grid, dq_stored_grid, dq_sphere_grid}),
                std::max({dkv_grid, dkv_onehot_grid, dkv_storing_grid}));
     at::Tensor flag, pair_off, pair_words;
-    if (onehot) {
+    if (onehot || sphere) {
       flag = onehot_flag(o);
       a.onehot = flag.const_data_ptr<int>();
     }
@@ -864,8 +877,13 @@ bool launch_mma_backward(const FusedOperands& o, const at::Tensor& bounds, Args<
       dq_onehot<<<dq_onehot_grid, mma::kThreads, dq_onehot_bytes, stream>>>(a);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
+    if (sphere) {
+      dq_sphere<<<dq_sphere_grid, mma::kThreads, dq_sphere_bytes, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
     dq_kernel<<<dq_grid, mma::kThreads, dq_bytes, stream>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (sphere) a.onehot = nullptr;  // the flag was the dq kernels'; the gather dk/dv kernel does the work
     if (onehot) {
       dkv_onehot<<<dkv_onehot_grid, mma::kThreads, dkv_onehot_bytes, stream>>>(a);
       C10_CUDA_KERNEL_LAUNCH_CHECK();

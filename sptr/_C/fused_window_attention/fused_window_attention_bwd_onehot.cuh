@@ -61,10 +61,11 @@ __device__ __forceinline__ void stage_own_coords(int* oc, const Args<T>& a, int 
 }
 
 // Tilde rows of the item's 64 own rows (A fragments `f` per warp) with table x of head h: the table staged into
-// `table`, the products into own/own_lo, the tilde rows into til/til_lo. Ends with the CTA synchronised.
-template <bool QUERY, int DP, typename T>
+// `table`, the products into own/own_lo, the tilde rows of the first AXES axes into til/til_lo and, with
+// `radial`, the rows' radial products (pitch rp). Ends with the CTA synchronised.
+template <bool QUERY, int DP, int AXES = 3, typename T>
 __device__ void own_tilde(T* til, T* til_lo, T* own, T* own_lo, int lp, T* table, const T* x, const Args<T>& a,
-                          int h, const uint32_t (&f)[DP / 16][4], const int* oc) {
+                          int h, const uint32_t (&f)[DP / 16][4], const int* oc, float* radial = nullptr, int rp = 0) {
   using namespace mma;
   constexpr int LD = kLd<DP>;
   async_rows<DP, LD, kThreads>(table, x, a.H, 0, a.L3, a.L3p, h);
@@ -74,29 +75,46 @@ __device__ void own_tilde(T* til, T* til_lo, T* own, T* own_lo, int lp, T* table
   const int at = (threadIdx.x >> 5) * 16 * lp;
   table_products16<DP, LD>(own + at, own_lo + at, lp, f, table, 0, a.L3p / 16);
   __syncthreads();
-  onehot_tilde<QUERY, kRows>(til, til_lo, own, own_lo, lp, oc, a.rel.L, a.rel.rel_shift);
+  if (radial != nullptr) radial_products(radial, rp, own, own_lo, lp, kRows, a.rel.L, threadIdx.x, kThreads);
+  onehot_tilde<QUERY, kRows, AXES>(til, til_lo, own, own_lo, lp, oc, a.rel.L, a.rel.rel_shift);
   __syncthreads();
 }
 
 // Shared memory of bwd_dq_onehot_kernel: 64 query rows, 32-key blocks double-buffered. The own rows' table
 // products overlay the key-side buffers before the loop; the histogram and the own Q and dO tiles (operands
-// of the table gradients) overlay Q̃ and G̃ after it.
-template <int DP, typename T>
+// of the table gradients) overlay Q̃ and G̃ after it. SPHERE (radial bins on axis 2): one-hot rows of the
+// angular axes, Q̃ in registers instead (so that two CTAs fit), and the radial state: the key blocks' radii, the
+// own rows' radial products q·Tq and dO·Tv (the loop; the end's buffers overlay them) and radial histograms of
+// dS and P (the loop and the item's end; fp32, L columns each).
+template <int DP, typename T, bool SPHERE>
 struct OneHotDqSmem {
-  static constexpr int BN = 32, LD = mma::kLd<DP>, R = mma::kRows, TL = mma::kOneHotLd;
-  int *oc, *kc;                          // own coordinates; the key blocks' (2 buffers)
+  static constexpr int BN = 32, LD = mma::kLd<DP>, R = mma::kRows, TL = mma::kOneHotLdOf<SPHERE ? kSphereAxes : 3>;
+  int *oc, *kc;                          // own coordinates (for own_tilde); the key blocks' (2 buffers)
+  float* krad;                           // SPHERE: the key blocks' radii (2 buffers)
   T* table;                              // Tq, Tv before the loop, Tk in it, Tq after it
+  float *hqr, *hvr;                      // SPHERE: own radial histograms of dS and P
+  float *qr, *gr;                        // SPHERE: own radial products (the loop)
+  T *qtil, *qtil_lo, *gtil, *gtil_lo;    // own Q̃ (SPHERE: in registers) and G̃ (the loop)
   T *K, *V, *kt, *kt_lo, *ktil, *ktil_lo;  // key blocks (2 buffers), their k·Tk products and K̃
   T* E;                                  // the key block's one-hot rows
   T *own, *own_lo;                       // own q·Tq or dO·Tv products (before the loop)
-  T *qtil, *qtil_lo, *gtil, *gtil_lo;    // own Q̃ and G̃ (the loop)
   float* hist;                           // Hq, then Hv (after the loop), pitch hlp
   T *Xq, *Xg;                            // own Q and dO tiles (after the loop)
-  int lp, hlp;
-  __host__ __device__ OneHotDqSmem(Bump& b, const Args<T>& a) : lp(a.L3p + 2), hlp(a.L3p + 4) {
+  int lp, hlp, rp;
+  __host__ __device__ OneHotDqSmem(Bump& b, const Args<T>& a) : lp(a.L3p + 2), hlp(a.L3p + 4), rp(a.rel.L) {
     oc = b.take<int>(R * 3);
     kc = b.take<int>(2 * BN * 3);
+    krad = b.take_if<float>(SPHERE, 2 * BN);
     table = b.take<T>(a.L3p * LD);
+    hqr = b.take_if<float>(SPHERE && a.tq != nullptr, R * rp);
+    hvr = b.take_if<float>(SPHERE && a.tv != nullptr, R * rp);
+    char* const end = next_take(b);
+    qr = b.take_if<float>(SPHERE && a.tq != nullptr, R * rp);
+    gr = b.take_if<float>(SPHERE && a.tv != nullptr, R * rp);
+    qtil = b.take_if<T>(!SPHERE && a.tq != nullptr, R * TL);
+    qtil_lo = b.take_if<T>(!SPHERE && a.tq != nullptr, R * TL);
+    gtil = b.take_if<T>(a.tv != nullptr, R * TL);
+    gtil_lo = b.take_if<T>(a.tv != nullptr, R * TL);
     char* const keys = next_take(b);
     K = b.take<T>(2 * BN * LD);
     V = b.take<T>(2 * BN * LD);
@@ -108,26 +126,24 @@ struct OneHotDqSmem {
     own = reinterpret_cast<T*>(keys);
     own_lo = reinterpret_cast<T*>(keys + align128(R * lp * sizeof(T)));
     if (a.tq != nullptr || a.tv != nullptr) reserve_from(b, keys, 2 * align128(R * lp * sizeof(T)));
-    char* const tildes = next_take(b);
-    qtil = b.take_if<T>(a.tq != nullptr, R * TL);
-    qtil_lo = b.take_if<T>(a.tq != nullptr, R * TL);
-    gtil = b.take_if<T>(a.tv != nullptr, R * TL);
-    gtil_lo = b.take_if<T>(a.tv != nullptr, R * TL);
-    hist = reinterpret_cast<float*>(tildes);
+    hist = reinterpret_cast<float*>(end);
     const size_t hist_bytes = align128(R * hlp * sizeof(float)), tile_bytes = align128(R * LD * sizeof(T));
-    Xq = reinterpret_cast<T*>(tildes + hist_bytes);
-    Xg = reinterpret_cast<T*>(tildes + hist_bytes + tile_bytes);
-    reserve_from(b, tildes, hist_bytes + 2 * tile_bytes);
+    Xq = reinterpret_cast<T*>(end + hist_bytes);
+    Xg = reinterpret_cast<T*>(end + hist_bytes + tile_bytes);
+    reserve_from(b, end, hist_bytes + 2 * tile_bytes);
   }
 };
 
 // The end of a dq item with the one-hot histograms Hq (of dS) and Hv (of P): dq = scale·(dS·K + Σ_n Hq[n]·Tq[n])
 // into a.dq, dTq = scale·Hqᵀ·Q and dTv = Hvᵀ·dO into this CTA's slot. Shared memory free to take: the
-// histogram (64 rows, pitch hlp, fp32), the own Q and dO tiles Xq, Xg and the table buffer.
-template <int DP, typename T>
-__device__ void dq_item_end(const Args<T>& a, const mma::WarpItem& it, float (&dq)[DP / 8][4], const OneHotHist& hq,
-                            const OneHotHist& hv, const int (&cq)[2][3], float* hist, int hlp, T* Xq, T* Xg, T* table,
-                            int64_t slot) {
+// histogram (64 rows, pitch hlp, fp32), the own Q and dO tiles Xq, Xg and the table buffer. The one-hot
+// histograms cover the first AXES axes; the spherical tables' radial columns come from the rows hqr and hvr
+// (64 x rp fp32, the radial bins).
+template <int DP, int AXES = 3, typename T>
+__device__ void dq_item_end(const Args<T>& a, const mma::WarpItem& it, float (&dq)[DP / 8][4],
+                            const OneHotHistOf<AXES>& hq, const OneHotHistOf<AXES>& hv, const int (&cq)[2][3],
+                            float* hist, int hlp, T* Xq, T* Xg, T* table, int64_t slot, const float* hqr = nullptr,
+                            const float* hvr = nullptr, int rp = 0) {
   using namespace mma;
   constexpr int LD = kLd<DP>, R = kRows;
   const int h = it.h, L = a.rel.L, shift = a.rel.rel_shift;
@@ -137,7 +153,8 @@ __device__ void dq_item_end(const Args<T>& a, const mma::WarpItem& it, float (&d
     async_block<DP, LD, R, kThreads>(Xq, a.q, a.H, it.r0, it.n, h);
     async_rows<DP, LD, kThreads>(table, a.tq, a.H, 0, a.L3, a.L3p, h);
     cp_async_commit();
-    onehot_hist_store<true>(hrow, hlp, hq, cq, one, L, shift);
+    onehot_hist_store<true, AXES>(hrow, hlp, hq, cq, one, L, shift);
+    if (hqr) radial_column(hrow, hlp, hqr + (threadIdx.x >> 5) * 16 * rp, rp, L, one);
     cp_async_wait<0>();
     __syncthreads();
     if (it.active) add_rows_times_table<DP, LD>(dq, hrow, hlp, table, a.L3p, 1.f, 1.f);
@@ -147,7 +164,8 @@ __device__ void dq_item_end(const Args<T>& a, const mma::WarpItem& it, float (&d
   if (a.tv) {
     async_block<DP, LD, R, kThreads>(Xg, a.dout, a.H, it.r0, it.n, h);
     cp_async_commit();
-    onehot_hist_store<true>(hrow, hlp, hv, cq, one, L, shift);
+    onehot_hist_store<true, AXES>(hrow, hlp, hv, cq, one, L, shift);
+    if (hvr) radial_column(hrow, hlp, hvr + (threadIdx.x >> 5) * 16 * rp, rp, L, one);
     cp_async_wait<0>();
     __syncthreads();
     table_grad_mma<DP, LD>(a.dtv + slot, hist, hlp, Xg, a.L3, a.L3p, a.H, h, 1.f);
@@ -161,14 +179,16 @@ __device__ void dq_item_end(const Args<T>& a, const mma::WarpItem& it, float (&d
 // Two CTAs per multiprocessor up to head dim 64 (the histograms' 72 accumulators per thread fit 255 registers).
 template <int DP> constexpr int kOneHotBwdMinBlocks = DP <= 64 ? 2 : 1;
 
-// dq of 64 query rows of one head (16 per warp), as bwd_dq_mma_kernel, with the table terms as one-hot products:
-// logits += Q̃·Eᵀ (own Q̃) + E·K̃ᵀ (K̃ per key block), dP += G̃·Eᵀ (own G̃ of dO·Tv), and the histograms
-// Hq (of dS) and Hv (of P) as dS·E_a and P·E_a in registers, turned into table rows after the loop.
-template <int DP, typename T>
+// dq of 64 query rows of one head (16 per warp), as bwd_dq_mma_kernel, with the table terms of the one-hot axes
+// as tensor-core products: logits += Q̃·Eᵀ (own Q̃) + E·K̃ᵀ (K̃ per key block), dP += G̃·Eᵀ (own G̃ of dO·Tv), and
+// the histograms Hq (of dS) and Hv (of P) as dS·E_a and P·E_a in registers, turned into table rows after the
+// loop. SPHERE: the two angular axes one-hot, and per pair the radial terms of one bin, as in the spherical
+// forward: logits += q·Tq[bin] + k·Tk[bin], dP += dO·Tv[bin], dS and P into the own rows' radial histograms.
+template <int DP, typename T, bool SPHERE = false>
 __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq_onehot_kernel(const Args<T> a) {
   using namespace mma;
-  using Smem = OneHotDqSmem<DP, T>;
-  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8;
+  using Smem = OneHotDqSmem<DP, T, SPHERE>;
+  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8, AXES = SPHERE ? kSphereAxes : 3;
   const Heads hs = launch_heads<false>(a);
   if (hs.nh == 0) return;
   extern __shared__ __align__(128) char smem[];
@@ -190,10 +210,28 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
     load_a_rows<DP>(qf, a.q, a.N, a.H, w0, h);
     load_a_rows<DP>(gf, a.dout, a.N, a.H, w0, h);
     int cq[2][3];
-    own_coords(a, w0, cq);
+    float rq[2];  // SPHERE: the radii of the thread's rows g and g+8
+    own_coords(a, w0, cq, SPHERE ? &rq : nullptr);
+    TildeA<AXES> qa = {};  // SPHERE: own Q̃ as A fragments
+    const int own_r = warp * 16 * sm.rp;  // SPHERE: the warp's rows of qr, gr, hqr, hvr
+    const int g = lane >> 2;
+    const float* qr_row[2] = {sm.qr + own_r + g * sm.rp, sm.qr + own_r + (g + 8) * sm.rp};
+    const float* gr_row[2] = {sm.gr + own_r + g * sm.rp, sm.gr + own_r + (g + 8) * sm.rp};
+    float* const h0[2] = {sm.hqr + own_r + g * sm.rp, sm.hvr + own_r + g * sm.rp};  // rows g: dS, P
+    float* const h1[2] = {sm.hqr + own_r + (g + 8) * sm.rp, sm.hvr + own_r + (g + 8) * sm.rp};
     stage_own_coords(sm.oc, a, r0, nrows);
-    if (a.tq) own_tilde<true, DP>(sm.qtil, sm.qtil_lo, sm.own, sm.own_lo, sm.lp, sm.table, a.tq, a, h, qf, sm.oc);
-    if (a.tv) own_tilde<true, DP>(sm.gtil, sm.gtil_lo, sm.own, sm.own_lo, sm.lp, sm.table, a.tv, a, h, gf, sm.oc);
+    if constexpr (SPHERE) {
+      if (a.tq) own_tilde_regs<AXES, DP>(qa, sm.qr, sm.rp, sm.own, sm.own_lo, sm.lp, sm.table, a.tq, a, h, qf, cq);
+      for (int x = lane; x < 16 * sm.rp; x += 32) {
+        if (a.tq) sm.hqr[own_r + x] = 0.f;
+        if (a.tv) sm.hvr[own_r + x] = 0.f;
+      }
+    } else {
+      if (a.tq) own_tilde<true, DP>(sm.qtil, sm.qtil_lo, sm.own, sm.own_lo, sm.lp, sm.table, a.tq, a, h, qf, sm.oc);
+    }
+    if (a.tv)
+      own_tilde<true, DP, AXES>(sm.gtil, sm.gtil_lo, sm.own, sm.own_lo, sm.lp, sm.table, a.tv, a, h, gf, sm.oc,
+                                SPHERE ? sm.gr : nullptr, sm.rp);
     __syncthreads();  // the own products' memory becomes the key-side buffers, the table buffer takes Tk
     if (a.tk) {  // waited for with the first key block
       async_rows<DP, LD, kThreads>(sm.table, a.tk, a.H, 0, a.L3, a.L3p, h);
@@ -201,31 +239,40 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
     }
     const int own = warp * 16 * Smem::TL;
     float dq[DT][4] = {};
-    OneHotHist hq = {}, hv = {};
+    OneHotHistOf<AXES> hq = {}, hv = {};
     const int nblocks = (kend - kbeg + BN - 1) / BN;
-    auto load = [&](int blk) { load_key_block<DP, BN>(sm.K, sm.V, sm.kc, nullptr, a, kbeg, kend, blk, h); };
+    auto load = [&](int blk) {
+      load_key_block<DP, BN>(sm.K, sm.V, sm.kc, SPHERE ? sm.krad : nullptr, a, kbeg, kend, blk, h);
+    };
     double_buffered(nblocks, load, [&](int blk) {
       const int c0 = kbeg + blk * BN, buf = blk & 1;
       const T* K = sm.K + buf * BN * LD;
       const T* V = sm.V + buf * BN * LD;
       const int* kc = sm.kc + buf * BN * 3;
-      onehot_block<BN>(sm.E, kc);
+      const float* kr = sm.krad + buf * BN;
+      onehot_block<BN, AXES>(sm.E, kc);
       if (a.tk)
-        block_tilde<false, DP, BN>(sm.ktil, sm.ktil_lo, sm.kt, sm.kt_lo, sm.lp, K, sm.table, kc, a.L3p, L, shift);
+        block_tilde<false, DP, BN, AXES>(sm.ktil, sm.ktil_lo, sm.kt, sm.kt_lo, sm.lp, K, sm.table, kc, a.L3p, L,
+                                         shift);
       else
         __syncthreads();  // block_tilde's barriers publish E
       if (!active || c0 >= wrange.y || c0 + BN <= wrange.x) return;
       float s[NT][4] = {}, dp[NT][4] = {}, kb[NT][4] = {};
-      bool live[NT / 2];  // the 16 keys touch the warp's windows (warp-uniform); others stay p = dS = 0
+      int bins[NT][4] = {};  // SPHERE: the pairs' radial bins
+      bool live[NT / 2];     // the 16 keys touch the warp's windows (warp-uniform); others stay p = dS = 0
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         live[np] = overlaps16(c0 + 16 * np, wrange);
         if (!live[np]) continue;
         mma_abt_pair<DP, LD>(s, qf, K, np);
         mma_abt_pair<DP, LD>(dp, gf, V, np);
-        if (a.tq) tilde_times_onehot(s, sm.qtil + own, sm.qtil_lo + own, sm.E, np);
-        if (a.tv) tilde_times_onehot(dp, sm.gtil + own, sm.gtil_lo + own, sm.E, np);
-        if (a.tk) onehot_rows_times_tilde<T>(kb, cq[0], cq[1], sm.ktil, sm.ktil_lo, np);
+        if constexpr (SPHERE) {
+          if (a.tq) tilde_a_times_onehot<AXES>(s, qa, sm.E, np);
+        } else {
+          if (a.tq) tilde_times_onehot(s, sm.qtil + own, sm.qtil_lo + own, sm.E, np);
+        }
+        if (a.tv) tilde_times_onehot<AXES>(dp, sm.gtil + own, sm.gtil_lo + own, sm.E, np);
+        if (a.tk) onehot_rows_times_tilde<T, NT, AXES>(kb, cq[0], cq[1], sm.ktil, sm.ktil_lo, np);
       }
       const int lo[2] = {win0.x - c0 - 2 * t, win1.x - c0 - 2 * t}, hi[2] = {win0.y - c0 - 2 * t, win1.y - c0 - 2 * t};
 #pragma unroll
@@ -236,24 +283,40 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotBwdMinBlocks<DP>) bwd_dq
           const int c = nt * 8 + (e & 1), i = e >> 1;
           float p = 0.f, ds = 0.f;
           if (c >= lo[i] && c < hi[i]) {
-            p = fast_exp2(s[nt][e] * sl2 + kb[nt][e] * kLog2e - lse2[i]);
-            ds = p * (dp[nt][e] - dl[i]);
+            if constexpr (SPHERE) {  // the radial terms
+              const int col = c + 2 * t, bin = clamp_rel(radial_bin(rq[i] - kr[col], a.rel), L);
+              bins[nt][e] = bin;
+              const float qb = a.tq ? qr_row[i][bin] : 0.f, gb = a.tv ? gr_row[i][bin] : 0.f;
+              const int at = col * sm.lp + bin * 3 + 2;
+              const float kbr = a.tk ? widen(sm.kt[at]) + widen(sm.kt_lo[at]) : 0.f;
+              p = fast_exp2((s[nt][e] + qb) * sl2 + (kb[nt][e] + kbr) * kLog2e - lse2[i]);
+              ds = p * (dp[nt][e] + gb - dl[i]);
+            } else {
+              p = fast_exp2(s[nt][e] * sl2 + kb[nt][e] * kLog2e - lse2[i]);
+              ds = p * (dp[nt][e] - dl[i]);
+            }
           }
           s[nt][e] = p;
           dp[nt][e] = ds;
         }
       }
+      if constexpr (SPHERE) {  // the radial histograms (an absent table's values read as 0: nothing is added)
+        quad_bin_add_n<2>(h0, h1, bins, [&](int k, int nt, int e) {
+          return k == 0 ? (a.tq ? dp[nt][e] : 0.f) : (a.tv ? s[nt][e] : 0.f);
+        });
+      }
       c_tiles_times<DP, LD>(dq, dp, live, K, [&](const uint32_t (&da)[4], int kk) {
-        if (a.tq) onehot_hist_add(hq, da, sm.E, kk);
+        if (a.tq) onehot_hist_add<AXES>(hq, da, sm.E, kk);
         if (a.tv) {
           uint32_t pa[4];
           c_to_a<T>(pa, s, kk);
-          onehot_hist_add(hv, pa, sm.E, kk);
+          onehot_hist_add<AXES>(hv, pa, sm.E, kk);
         }
       });
     });
-    __syncthreads();  // every warp has left the loop: Q̃ and G̃ become the histogram and the own tiles
-    dq_item_end<DP>(a, it, dq, hq, hv, cq, sm.hist, sm.hlp, sm.Xq, sm.Xg, sm.table, slot);
+    __syncthreads();  // every warp has left the loop: the end's buffers overlay the loop's
+    dq_item_end<DP, AXES>(a, it, dq, hq, hv, cq, sm.hist, sm.hlp, sm.Xq, sm.Xg, sm.table, slot,
+                          SPHERE ? sm.hqr : nullptr, SPHERE ? sm.hvr : nullptr, sm.rp);
   }
 }
 

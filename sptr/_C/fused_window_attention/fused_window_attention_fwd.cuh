@@ -359,25 +359,34 @@ __global__ void __launch_bounds__(mma::kThreads, kFwdMinBlocks<DP, REL>) fwd_mma
   }
 }
 
-// ------------------------------------------------------------- forward with one-hot cubic tables
-// The fp16/bf16 forward with relative-position tables of cell coordinates inside [0, kOneHot) and no radial
-// bins (SphereFormer's cubic windows): every table term is a tensor-core product (fused_window_attention_mma.cuh):
+// ------------------------------------------------------------- forward with one-hot tables
+// The fp16/bf16 forward with relative-position tables of cell coordinates inside [0, kOneHot): every table term
+// of the one-hot axes is a tensor-core product (fused_window_attention_mma.cuh):
 //   logits  += Q̃·Eᵀ (query side; Q̃ built once per tile from the tile's q·Tq products, E of the keys made in
 //              registers from their coordinates) and E_q·K̃ᵀ (key side; K̃ per key block from its k·Tk products)
 //   G_a     += P·E_a (value side: the probabilities per key coordinate, in registers, rescaled as P·V is)
-// and at the end the value-table term Σ_n H[n]·Tv[n] with H[i][clamp(c_i,a − u + s)·3 + a] = Σ G_a[i][u]. No
-// table work is left per pair. The loop's buffers hold the histogram H after the loop.
-template <int DP, typename T>
+// and at the end the value-table term Σ_n H[n]·Tv[n] with H[i][clamp(c_i,a − u + s)·3 + a] = Σ G_a[i][u].
+// Cubic tables (SphereFormer's cubic windows) have three one-hot axes and no table work left per pair. SPHERE:
+// tables whose axis 2 has radial bins (the spherical windows): the two angular axes are one-hot (48 columns,
+// three k-steps), the radial terms are gathered per pair as in fwd_mma_kernel, from one bin per pair: the own
+// rows' radial products q·Tq[bin·3 + 2] and radial value histograms (fp32, L columns each) and the key block's
+// k·Tk products, which block_tilde leaves in shared memory (the gather kernel keeps three fp32 arrays of 3L
+// columns per row instead: fewer CTAs per multiprocessor).
+template <int DP, typename T, bool SPHERE>
 struct OneHotFwdSmem {
-  static constexpr int BN = 32, LD = mma::kLd<DP>;
+  static constexpr int BN = 32, LD = mma::kLd<DP>, TL = mma::kOneHotLdOf<SPHERE ? kSphereAxes : 3>;
   // Products are kept as hi and lo 16-bit planes (table_products16): qt/qt_lo, kt/kt_lo, ktil/ktil_lo.
   T *table, *K, *V, *qt, *qt_lo, *kt, *kt_lo, *ktil, *ktil_lo, *E;  // E: the key block's one-hot rows
   int* kc;
   float* hv;
-  int lp, hlp;  // row pitch of qt/kt (16-bit elements, odd in words: no bank conflicts between rows) and hv
-  __host__ __device__ OneHotFwdSmem(Bump& b, const Args<T>& a) : lp(a.L3p + 2), hlp(a.L3p + 4) {
+  float *krad, *qr, *hvr;  // SPHERE: the key blocks' radii (2 buffers); the own rows' radial products, histograms
+  int lp, hlp, rp;  // row pitch of qt/kt (16-bit elements, odd in words: no bank conflicts between rows), hv, qr
+  __host__ __device__ OneHotFwdSmem(Bump& b, const Args<T>& a) : lp(a.L3p + 2), hlp(a.L3p + 4), rp(a.rel.L) {
     table = b.take<T>(a.L3p * LD);
     kc = b.take<int>(2 * BN * 3);
+    krad = b.take_if<float>(SPHERE, 2 * BN);
+    qr = b.take_if<float>(SPHERE && a.tq != nullptr, mma::kRows * rp);
+    hvr = b.take_if<float>(SPHERE && a.tv != nullptr, mma::kRows * rp);
     // The key loop's buffers. Before the loop they hold the tile's q·Tq products (qt, qt_lo: Q̃ is built from
     // them into registers, and the CTA synchronised, before the first key block is loaded); after it, the
     // value histogram hv.
@@ -386,9 +395,9 @@ struct OneHotFwdSmem {
     V = b.take<T>(2 * BN * LD);
     kt = b.take_if<T>(a.tk != nullptr, BN * lp);
     kt_lo = b.take_if<T>(a.tk != nullptr, BN * lp);
-    ktil = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
-    ktil_lo = b.take_if<T>(a.tk != nullptr, BN * mma::kOneHotLd);
-    E = b.take<T>(BN * mma::kOneHotLd);
+    ktil = b.take_if<T>(a.tk != nullptr, BN * TL);
+    ktil_lo = b.take_if<T>(a.tk != nullptr, BN * TL);
+    E = b.take<T>(BN * TL);
     const size_t qt_bytes = align128(size_t(mma::kRows) * lp * sizeof(T));
     qt = reinterpret_cast<T*>(loop);
     qt_lo = reinterpret_cast<T*>(loop + qt_bytes);
@@ -404,16 +413,16 @@ struct OneHotFwdSmem {
 // dim 32 (benchmarks/RESULTS.md, "Table path, step 8" and the tenth session).
 template <int DP> constexpr int kOneHotMinBlocks = DP <= 32 ? 3 : (DP <= 64 ? 2 : 1);
 
-template <int DP, typename T>
+template <int DP, typename T, bool SPHERE>
 __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_onehot_kernel(const Args<T> a) {
   using namespace mma;
-  using Smem = OneHotFwdSmem<DP, T>;
-  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8, KK = kOneHotSteps;
-  if (!*a.onehot) return;  // a coordinate leaves the one-hot range: fwd_mma_kernel<REL> does the work
+  using Smem = OneHotFwdSmem<DP, T, SPHERE>;
+  constexpr int BN = Smem::BN, LD = kLd<DP>, NT = BN / 8, DT = DP / 8, AXES = SPHERE ? kSphereAxes : 3;
+  if (!*a.onehot) return;  // a one-hot coordinate leaves the one-hot range: fwd_mma_kernel<REL> does the work
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
   const Smem sm(bump, a);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
   const WarpItem it(a.bounds, a.N, a.H, blockIdx.x);
   const int h = it.h, kbeg = it.lo, kend = it.hi, w0 = it.w0;
   const bool active = it.active;
@@ -423,75 +432,52 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
   load_a_rows<DP>(qf, a.q, a.N, a.H, w0, h);
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
   int cq[2][3];  // coordinates of the thread's rows g and g+8 (0 past N: in range, never stored)
-  own_coords(a, w0, cq);
-  // Q̃ of the warp's rows as A fragments (hi and lo planes), from the tile's q·Tq products.
-  uint32_t qtil[2][KK][4] = {};
-  if (a.tq) {
-    async_rows<DP, LD, kThreads>(sm.table, a.tq, a.H, 0, a.L3, a.L3p, h);
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
-    const int own = warp * 16 * sm.lp;
-    table_products16<DP, LD>(sm.qt + own, sm.qt_lo + own, sm.lp, qf, sm.table, 0, a.L3p / 16);
+  float rq[2];   // SPHERE: their radii
+  own_coords(a, w0, cq, SPHERE ? &rq : nullptr);
+  const int own = warp * 16 * sm.rp;  // SPHERE: the warp's rows of qr and hvr; the thread's rows g and g+8:
+  auto qr_row = [&](int i) { return sm.qr + own + ((lane >> 2) + 8 * i) * sm.rp; };
+  auto hvr_row = [&](int i) { return sm.hvr + own + ((lane >> 2) + 8 * i) * sm.rp; };
+  // Q̃ of the warp's rows as A fragments (hi and lo planes) and with SPHERE their radial products, from the
+  // tile's q·Tq products; then the table buffer takes Tk and the products' memory becomes the key loop's buffers.
+  TildeA<AXES> qtil = {};
+  if (a.tq) own_tilde_regs<AXES, DP>(qtil, SPHERE ? sm.qr : nullptr, sm.rp, sm.qt, sm.qt_lo, sm.lp, sm.table, a.tq, a,
+                                     h, qf, cq);
+  if (SPHERE && a.tv) {
+    for (int x = lane; x < 16 * sm.rp; x += 32) sm.hvr[own + x] = 0.f;
     __syncwarp();
-#pragma unroll
-    for (int plane = 0; plane < 2; ++plane) {
-      const uint16_t* bits = reinterpret_cast<const uint16_t*>((plane ? sm.qt_lo : sm.qt) + own);
-#pragma unroll
-      for (int kk = 0; kk < KK; ++kk) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {  // register r: row g + 8·(r & 1), 8-column group 2·kk + r / 2
-          const int i = r & 1, grp = 2 * kk + (r >> 1);
-          if (grp >= 3 * kOneHotGroups) continue;  // the last k-step's padding stays zero
-          const int col = onehot_axis(grp), u = onehot_cell0(grp) + 2 * t;
-          const uint16_t* row = bits + (g + 8 * i) * sm.lp + col;
-          const uint32_t lo = row[onehot_rel<true>(cq[i][col], u, shift, L) * 3];
-          const uint32_t hi = row[onehot_rel<true>(cq[i][col], u + 1, shift, L) * 3];
-          qtil[plane][kk][r] = lo | hi << 16;
-        }
-      }
-    }
-    __syncthreads();  // the table buffer takes Tk next; Q̃'s products' memory becomes the key loop's buffers
   }
   if (a.tk) {  // waited for with the first key block
     async_rows<DP, LD, kThreads>(sm.table, a.tk, a.H, 0, a.L3, a.L3p, h);
     cp_async_commit();
   }
   float o[DT][4] = {};
-  OneHotHist gv = {};  // G_a[i][u] in C tiles: tile a·4 + u/8
+  OneHotHistOf<AXES> gv = {};  // G_a[i][u] in C tiles: tile a·kOneHotGroups + u/8
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   const int nblocks = (kend - kbeg + BN - 1) / BN;
-  // No radial bins on this path.
-  auto load = [&](int blk) { load_key_block<DP, BN>(sm.K, sm.V, sm.kc, nullptr, a, kbeg, kend, blk, h); };
+  auto load = [&](int blk) {
+    load_key_block<DP, BN>(sm.K, sm.V, sm.kc, SPHERE ? sm.krad : nullptr, a, kbeg, kend, blk, h);
+  };
   double_buffered(nblocks, load, [&](int blk) {
     const int c0 = kbeg + blk * BN, buf = blk & 1;
     const T* K = sm.K + buf * BN * LD;
     const T* V = sm.V + buf * BN * LD;
     const int* kc = sm.kc + buf * BN * 3;
-    onehot_block<BN>(sm.E, kc);
-    if (a.tk) block_tilde<false, DP, BN>(sm.ktil, sm.ktil_lo, sm.kt, sm.kt_lo, sm.lp, K, sm.table, kc, a.L3p, L, shift);
+    const float* kr = sm.krad + buf * BN;
+    onehot_block<BN, AXES>(sm.E, kc);
+    if (a.tk)
+      block_tilde<false, DP, BN, AXES>(sm.ktil, sm.ktil_lo, sm.kt, sm.kt_lo, sm.lp, K, sm.table, kc, a.L3p, L, shift);
     else __syncthreads();  // block_tilde's barriers publish E
     if (active && c0 < wrange.y && c0 + BN > wrange.x) {
       float s[NT][4] = {}, kb[NT][4] = {};
-      bool live[NT / 2];  // the 16 keys touch the warp's windows (warp-uniform); others stay p = 0
+      int bins[NT][4] = {};  // SPHERE: the pairs' radial bins
+      bool live[NT / 2];     // the 16 keys touch the warp's windows (warp-uniform); others stay p = 0
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         live[np] = overlaps16(c0 + 16 * np, wrange);
         if (!live[np]) continue;
         mma_abt_pair<DP, LD>(s, qf, K, np);
-        if (a.tq) {  // s += Q̃·Eᵀ (Q̃ in registers)
-          const T* brow = sm.E + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * kOneHotLd + ((lane >> 3) & 1) * 8;
-#pragma unroll
-          for (int kk = 0; kk < KK; ++kk) {
-            uint32_t b[4];
-            ldmatrix_x4(b, brow + kk * 16);
-            mma_16816<T>(s[2 * np], qtil[0][kk], b[0], b[1]);
-            mma_16816<T>(s[2 * np], qtil[1][kk], b[0], b[1]);
-            mma_16816<T>(s[2 * np + 1], qtil[0][kk], b[2], b[3]);
-            mma_16816<T>(s[2 * np + 1], qtil[1][kk], b[2], b[3]);
-          }
-        }
-        if (a.tk) onehot_rows_times_tilde<T>(kb, cq[0], cq[1], sm.ktil, sm.ktil_lo, np);  // kb = E_q·K̃ᵀ
+        if (a.tq) tilde_a_times_onehot<AXES>(s, qtil, sm.E, np);  // s += Q̃·Eᵀ
+        if (a.tk) onehot_rows_times_tilde<T, NT, AXES>(kb, cq[0], cq[1], sm.ktil, sm.ktil_lo, np);  // kb = E_q·K̃ᵀ
       }
       const int lo[2] = {win0.x - c0 - 2 * t, win1.x - c0 - 2 * t}, hi[2] = {win0.y - c0 - 2 * t, win1.y - c0 - 2 * t};
       float mx[2] = {m[0], m[1]};
@@ -505,31 +491,49 @@ __global__ void __launch_bounds__(mma::kThreads, kOneHotMinBlocks<DP>) fwd_oneho
           if (!inside && (c < lo[i] || c >= hi[i])) {
             s[nt][e] = -INFINITY;
           } else {
-            s[nt][e] = s[nt][e] * sl2 + kb[nt][e] * kLog2e;
+            if constexpr (SPHERE) {  // the radial terms
+              const int col = c + 2 * t, bin = clamp_rel(radial_bin(rq[i] - kr[col], a.rel), L);
+              bins[nt][e] = bin;
+              const int at = col * sm.lp + bin * 3 + 2;
+              const float qb = a.tq ? qr_row(i)[bin] : 0.f;
+              const float kbr = a.tk ? widen(sm.kt[at]) + widen(sm.kt_lo[at]) : 0.f;
+              s[nt][e] = (s[nt][e] + qb) * sl2 + (kb[nt][e] + kbr) * kLog2e;
+            } else {
+              s[nt][e] = s[nt][e] * sl2 + kb[nt][e] * kLog2e;
+            }
             mx[i] = fmaxf(mx[i], s[nt][e]);
           }
         }
       }
       float alpha[2];
       online_softmax<DT, NT>(s, live, mx, m, l, o, alpha);
-      if (a.tv)
+      if (a.tv) {
 #pragma unroll
-        for (int x = 0; x < 3 * kOneHot / 8; ++x)
+        for (int x = 0; x < AXES * kOneHot / 8; ++x)
 #pragma unroll
           for (int e = 0; e < 4; ++e) gv[x][e] *= alpha[e >> 1];
+        if constexpr (SPHERE) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            if (alpha[i] != 1.f)  // quad-uniform: the quad rescales its row's radial histogram
+              for (int c = t; c < L; c += 4) hvr_row(i)[c] *= alpha[i];
+          quad_bin_add(hvr_row(0), hvr_row(1), bins, s);
+        }
+      }
       c_tiles_times<DP, LD>(o, s, live, V, [&](const uint32_t (&pa)[4], int kk) {
-        if (a.tv) onehot_hist_add(gv, pa, sm.E, kk);  // G_a += P·E_a
+        if (a.tv) onehot_hist_add<AXES>(gv, pa, sm.E, kk);  // G_a += P·E_a
       });
     }
   });
   float inv[2];
   row_inverse(l, inv);
-  if (a.tv) {  // out = (P·V + H·Tv) / l, H from G normalised before its rounding to T
+  if (a.tv) {  // out = (P·V + H·Tv) / l, H from G (and the radial histogram) normalised before rounding to T
     __syncthreads();  // every warp has left the loop: its buffers become the histogram
     async_rows<DP, LD, kThreads>(sm.table, a.tv, a.H, 0, a.L3, a.L3p, h);
     cp_async_commit();
     float* hrow = sm.hv + warp * 16 * sm.hlp;
-    onehot_hist_store<true>(hrow, sm.hlp, gv, cq, inv, L, shift);
+    onehot_hist_store<true, AXES>(hrow, sm.hlp, gv, cq, inv, L, shift);
+    if constexpr (SPHERE) radial_column(hrow, sm.hlp, sm.hvr + own, sm.rp, L, inv);
     cp_async_wait<0>();
     __syncthreads();
 #pragma unroll
@@ -557,8 +561,12 @@ bool launch_mma_forward(const FusedOperands& o, Args<T> a) {
     if (bytes == 0) return false;
     unsigned int grid = mma_grid(o);
     at::Tensor flag;
-    auto* onehot = fwd_onehot_kernel<DP, T>;
-    const size_t onehot_bytes = REL && !o.radius.defined() ? fit_smem(onehot, smem_bytes<OneHotFwdSmem<DP, T>>(a)) : 0;
+    // Spherical tables (radial bins) take the one-hot kernel of the angular axes, cubic ones that of all three.
+    const bool radial = o.radius.defined();
+    auto* onehot = radial ? fwd_onehot_kernel<DP, T, true> : fwd_onehot_kernel<DP, T, false>;
+    const size_t onehot_bytes = !REL ? 0
+                                : radial ? fit_smem(onehot, smem_bytes<OneHotFwdSmem<DP, T, true>>(a))
+                                         : fit_smem(onehot, smem_bytes<OneHotFwdSmem<DP, T, false>>(a));
     if (onehot_bytes > 0) {
       flag = onehot_flag(o);
       a.onehot = flag.const_data_ptr<int>();

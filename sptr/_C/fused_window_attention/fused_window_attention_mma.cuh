@@ -179,6 +179,10 @@ constexpr int kOneHotK = 3 * kOneHot;
 constexpr int kOneHotSteps = (kOneHotK + 15) / 16;
 constexpr int kOneHotKP = 16 * kOneHotSteps;
 constexpr int kOneHotLd = kOneHotKP + 8;  // 16-bit row pitch of E and X̃: ldmatrix without bank conflicts
+// The same for one-hot rows of the first AXES axes only (the spherical tables' two angular axes: 48 columns,
+// three k-steps, no padding).
+template <int AXES> constexpr int kOneHotStepsOf = (AXES * kOneHot + 15) / 16;
+template <int AXES> constexpr int kOneHotLdOf = 16 * kOneHotStepsOf<AXES> + 8;
 static_assert(kOneHot % 8 == 0, "the one-hot rows are built in 8-column runs");
 
 template <typename T>

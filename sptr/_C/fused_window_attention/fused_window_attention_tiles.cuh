@@ -657,6 +657,43 @@ __device__ __forceinline__ void quad_hist_add2(float* a0, float* a1, const float
   quad_hist_add_n<2>(h0, h1, rows, [&](int k, int nt, int e) { return k == 0 ? va[nt][e] : vb[nt][e]; });
 }
 
+// hist0[k] (row g) / hist1[k] (row g+8) [bins[nt][e]] += val(k, nt, e) for the nonzero C entries of an mma tile
+// of the quad's four lanes, one bin per entry (a single axis, so two entries of the quad may share a bin), for
+// NH histograms k: lane 0 adds the row-g entries and lane 1 the row-(g+8) ones, each in a fixed order (source
+// lane, tile, entry), so the sums are bitwise reproducible.
+template <int NH, int NT, typename Val>
+__device__ __forceinline__ void quad_bin_add_n(float* const (&hist0)[NH], float* const (&hist1)[NH],
+                                               const int (&bins)[NT][4], const Val& val) {
+  const int lane = threadIdx.x & 31, t = lane & 3, quad = lane & ~3;
+  __syncwarp();  // the rows' rescaling by other lanes is done
+#pragma unroll
+  for (int src = 0; src < 4; ++src)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int b0 = __shfl_sync(0xffffffffu, bins[nt][e], quad + src);
+        const int b1 = __shfl_sync(0xffffffffu, bins[nt][e + 2], quad + src);
+#pragma unroll
+        for (int k = 0; k < NH; ++k) {
+          const float v0 = __shfl_sync(0xffffffffu, val(k, nt, e), quad + src);
+          const float v1 = __shfl_sync(0xffffffffu, val(k, nt, e + 2), quad + src);
+          const float v = t == 0 ? v0 : v1;
+          if (t < 2 && v != 0.f) (t == 0 ? hist0[k] : hist1[k])[t == 0 ? b0 : b1] += v;
+        }
+      }
+  __syncwarp();
+}
+
+// One histogram: hist0 / hist1 [bins] += val.
+template <int NT>
+__device__ __forceinline__ void quad_bin_add(float* hist0, float* hist1, const int (&bins)[NT][4],
+                                             const float (&val)[NT][4]) {
+  float* const h0[1] = {hist0};
+  float* const h1[1] = {hist1};
+  quad_bin_add_n<1>(h0, h1, bins, [&](int, int nt, int e) { return val[nt][e]; });
+}
+
 // Table gradient of a 64-row tile on the tensor cores: slot[n][h][c] += f · Σ_r Hist[r][n] · X[r][c] for
 // n < L3, with Hist (64 x lp, fp32) and X (64 x LD, rows of T) in shared memory; warps take 16 table rows
 // at a time. The slot (L3, H, DP) belongs to this CTA alone.
