@@ -171,18 +171,16 @@ __device__ __forceinline__ void table_products16(T* dst, T* dst_lo, int lp, cons
 // at most 24 cells a side: SphereFormer's quant_size = window_size / 24) make a pair's table terms products:
 // with E[j][24·a + u] = [c_j,a = u], Σ_a q_i·Tq[rel_a(i,j)] = Σ_m Q̃[i][m]·E[j][m] (Q̃[i][24·a + u] =
 // q_i·Tq[clamp(c_i,a − u + s)]) and Σ_a k_j·Tk[rel_a(i,j)] = Σ_m E[i][m]·K̃[j][m] (K̃[j][24·a + u] =
-// k_j·Tk[clamp(u − c_j,a + s)]); reductions of kOneHotK = 72 on the tensor cores instead of gathers per pair,
-// in 5 k-steps of 16 whose last 8 columns are zero in E and in X̃ (kOneHotKP = 80 columns per row).
+// k_j·Tk[clamp(u − c_j,a + s)]); reductions of 72 on the tensor cores instead of gathers per pair, in 5 k-steps
+// of 16 whose last 8 columns are zero in E and in X̃ (80 columns per row). One-hot rows of the first AXES axes
+// only (the spherical tables' two angular axes): 48 columns, three k-steps, no padding.
 constexpr int kOneHot = 24;
 constexpr int kOneHotGroups = kOneHot / 8;   // 8-column groups per axis
-constexpr int kOneHotK = 3 * kOneHot;
-constexpr int kOneHotSteps = (kOneHotK + 15) / 16;
-constexpr int kOneHotKP = 16 * kOneHotSteps;
-constexpr int kOneHotLd = kOneHotKP + 8;  // 16-bit row pitch of E and X̃: ldmatrix without bank conflicts
-// The same for one-hot rows of the first AXES axes only (the spherical tables' two angular axes: 48 columns,
-// three k-steps, no padding).
 template <int AXES> constexpr int kOneHotStepsOf = (AXES * kOneHot + 15) / 16;
+// 16-bit row pitch of E and X̃: the k-steps' columns and 8 more, so that ldmatrix has no bank conflicts.
 template <int AXES> constexpr int kOneHotLdOf = 16 * kOneHotStepsOf<AXES> + 8;
+constexpr int kOneHotSteps = kOneHotStepsOf<3>;  // all three axes (the cubic tables)
+constexpr int kOneHotLd = kOneHotLdOf<3>;
 static_assert(kOneHot % 8 == 0, "the one-hot rows are built in 8-column runs");
 
 template <typename T>

@@ -17,8 +17,8 @@ __device__ __forceinline__ int onehot_rel(int c, int u, int shift, int L) {
 
 // One-hot and tilde rows are written in runs of 8 columns (one 16-byte store): run r of a row is its 8-column
 // group r (mma::onehot_axis, mma::onehot_cell0), whose (row, axis) is fixed, so the coordinate and row addresses
-// are worked out once per run, with shifts and constant divisions. A row's runs past the three axes (up to
-// kOneHotKP columns) are zero: the last k-step's padding.
+// are worked out once per run, with shifts and constant divisions. A row's runs past its AXES axes (up to
+// 16·kOneHotStepsOf<AXES> columns) are zero: the last k-step's padding.
 constexpr int kOneHotRun = 8;
 template <int AXES = 3>
 constexpr int kOneHotRowRuns = 16 * mma::kOneHotStepsOf<AXES> / kOneHotRun;  // runs per row, padding included
