@@ -8,8 +8,9 @@ attention dtype changes between rows.
 
 `--once` runs one forward+backward per row after a warm-up one, untimed, for Nsight Compute (variant names may
 be written with '-' for ' ', which survives word splitting: `ncu -k regex:"fwd_mma_kernel|bwd_dq_mma" python
-benchmarks/bench_sphereformer_block.py --once --levels 1 --variants fused-fp16`; the spherical branch runs the
-gather kernels, the cubic branch the one-hot ones, whose gather twins are launched and return at once).
+benchmarks/bench_sphereformer_block.py --once --levels 1 --variants fused-fp16`; at head dims up to 32 both
+branches run the one-hot forward and dq kernels (the spherical one with its radial axis gathered per pair) and
+the gather dk/dv kernel; a one-hot launch's gather twin is launched too and returns at once).
 """
 import argparse
 import dataclasses

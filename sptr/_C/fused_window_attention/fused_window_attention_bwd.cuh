@@ -429,7 +429,11 @@ __global__ void delta_kernel(const Args<T> a) {
 // bytes), staging the tables unpadded (TLD: 32-byte rows, two-way ldmatrix bank conflicts) and putting the own
 // V tile under the block products (it goes to registers before the barrier that opens the first block). dq
 // stays at one CTA: its four own-row arrays alone take 144 KiB.
-template <int DP, typename T, bool REL, bool DQ>
+// SPHERE (dk/dv with the spherical tables, angular cells inside the one-hot range): Hk's angular columns are
+// one-hot accumulators in registers (dSᵀ·E, E the query block's one-hot rows of the two angular axes) and only
+// its radial column a shared-memory histogram (64 x L fp32 instead of 64 x 3L); after the loop Hk's rows are
+// written over the own Kt products.
+template <int DP, typename T, bool REL, bool DQ, bool SPHERE = false>
 struct MmaBwdSmem {
   static constexpr int BN = REL ? (DQ ? 32 : 16) : mma::kBlock<DP>, LD = mma::kLd<DP>;
   static constexpr int TLD = REL && !DQ && DP == 16 ? DP : LD;  // row pitch of the staged tables
@@ -441,8 +445,10 @@ struct MmaBwdSmem {
   float* orad = nullptr;
   float *own_p1 = nullptr, *own_p2 = nullptr;      // own products: Qt, Gt (dq) or Kt (dk/dv)
   float *other_p1 = nullptr, *other_p2 = nullptr;  // block products: Kt (dq) or Qt, Gt (dk/dv)
-  float *hist1 = nullptr, *hist2 = nullptr;        // Hq, Hv (dq) or Hk (dk/dv)
-  int lp = 0;
+  float *hist1 = nullptr, *hist2 = nullptr;        // Hq, Hv (dq) or Hk (dk/dv; SPHERE: after the loop)
+  float* hkr = nullptr;                            // SPHERE: Hk's radial column (the loop)
+  T* E = nullptr;                                  // SPHERE: the query block's one-hot rows
+  int lp = 0, rp = 0;
   __host__ __device__ MmaBwdSmem(Bump& b, const Args<T>& a)
       : X(b.take<T>(2 * BN * LD)), Y(b.take<T>(2 * BN * LD)), lse(b.take<float>(2 * BN)), delta(b.take<float>(2 * BN)) {
     if (!REL) return;
@@ -463,7 +469,10 @@ struct MmaBwdSmem {
       hist2 = b.take_if<float>(a.tv != nullptr, R * lp);
     } else {
       own_p1 = b.take_if<float>(a.tk != nullptr, R * lp);
-      hist1 = b.take_if<float>(a.tk != nullptr, R * lp);
+      hist1 = SPHERE ? own_p1 : b.take_if<float>(a.tk != nullptr, R * lp);
+      rp = a.rel.L;
+      hkr = b.take_if<float>(SPHERE && a.tk != nullptr, R * rp);
+      E = b.take_if<T>(SPHERE, BN * mma::kOneHotLdOf<kSphereAxes>);
       char* const under = next_take(b);  // B, and the block products over it
       other_p1 = b.take_if<float>(a.tq != nullptr, BN * lp);
       other_p2 = b.take_if<float>(a.tv != nullptr, BN * lp);
@@ -474,8 +483,8 @@ struct MmaBwdSmem {
 };
 template <int DP, typename T, bool REL>
 using MmaDqSmem = MmaBwdSmem<DP, T, REL, true>;
-template <int DP, typename T, bool REL>
-using MmaDkvSmem = MmaBwdSmem<DP, T, REL, false>;
+template <int DP, typename T, bool REL, bool SPHERE = false>
+using MmaDkvSmem = MmaBwdSmem<DP, T, REL, false, SPHERE>;
 
 // Per-CTA start of a REL item: the own tile (rows [r0, r0 + n) of x and y) and the present tables staged,
 // the own A fragments taken from the tile.
@@ -636,17 +645,26 @@ __global__ void __launch_bounds__(mma::kThreads, kDqMinBlocks<DP, REL>) bwd_dq_m
 // dk, dv of 64 key rows of one head (16 per warp), walking the query blocks of their windows: Sᵀ = K·Qᵀ,
 // dPᵀ = V·dOᵀ, dv += Pᵀ·dO, dk += dSᵀ·Q; Q/dO blocks with their lse and delta double-buffered. REL: the
 // query blocks' products Qt, Gt per block, the own Kt once; Hk (of dS) gives dk's table term and dTk.
-template <int DP, typename T, bool REL>
+// SPHERE (the spherical tables with their angular cells inside the one-hot range, a device flag): Hk's angular
+// columns as dSᵀ·E in registers (E: the query block's one-hot rows of the angular axes), one radial histogram
+// entry per pair instead of three (MmaBwdSmem).
+template <int DP, typename T, bool REL, bool SPHERE = false>
 __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T> a) {
   using namespace mma;
-  if (REL && a.onehot != nullptr && *a.onehot) return;  // bwd_dkv_onehot_kernel does the work
-  using Smem = MmaDkvSmem<DP, T, REL>;
-  constexpr int BQ = Smem::BN, LD = kLd<DP>, TLD = Smem::TLD, NT = BQ / 8, DT = DP / 8;
+  static_assert(REL || !SPHERE, "SPHERE takes tables");
+  if constexpr (SPHERE) {
+    if (!*a.onehot) return;  // an angular coordinate leaves the one-hot range: the plain variant does the work
+  } else {
+    if (REL && a.onehot != nullptr && *a.onehot) return;  // bwd_dkv_onehot_kernel or SPHERE does the work
+  }
+  using Smem = MmaDkvSmem<DP, T, REL, SPHERE>;
+  constexpr int BQ = Smem::BN, LD = kLd<DP>, TLD = Smem::TLD, NT = BQ / 8, DT = DP / 8, AXES = kSphereAxes;
   extern __shared__ __align__(128) char smem[];
   Bump bump(smem);
   const Smem sm(bump, a);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
   const float sl2 = static_cast<float>(a.scale) * kLog2e;
+  const int L = a.rel.L, shift = a.rel.rel_shift;
   for (int item = blockIdx.x; item < num_items(a); item += gridDim.x) {
     // A query attends to a key exactly when they share a window, so the key's window bounds its queries.
     const WarpItem it(a.bounds, a.N, a.H, item);
@@ -656,26 +674,30 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
     uint32_t kf[DP / 16][4], vf[DP / 16][4];
     int ck[2][3] = {};
     float rk[2] = {0.f, 0.f};
-    float *kt_row[2] = {}, *hk_row[2] = {};
+    float *kt_row[2] = {}, *hk_row[2] = {};  // SPHERE: hk_row are Hk's radial rows
     if constexpr (REL) {
       stage_own<DP>(sm, a, a.k, a.v, c0, nkeys, h, kf, vf);
       own_coords(a, w0, ck, &rk);
-      const int own = warp * 16 * sm.lp;
+      const int own = warp * 16 * sm.lp, own_r = warp * 16 * sm.rp;
       if (a.tk) {
         table_products<DP, TLD>(sm.own_p1 + own, sm.lp, kf, sm.tk, 0, a.L3p / 16);
-        for (int i = lane; i < 16 * sm.lp; i += 32) sm.hist1[own + i] = 0.f;
+        if constexpr (SPHERE)
+          for (int i = lane; i < 16 * sm.rp; i += 32) sm.hkr[own_r + i] = 0.f;
+        else
+          for (int i = lane; i < 16 * sm.lp; i += 32) sm.hist1[own + i] = 0.f;
       }
       __syncwarp();
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         kt_row[i] = sm.own_p1 + own + (g + 8 * i) * sm.lp;
-        hk_row[i] = sm.hist1 + own + (g + 8 * i) * sm.lp;
+        hk_row[i] = SPHERE ? sm.hkr + own_r + (g + 8 * i) * sm.rp : sm.hist1 + own + (g + 8 * i) * sm.lp;
       }
     } else {
       load_a_rows<DP>(kf, a.k, a.N, a.H, w0, h);
       load_a_rows<DP>(vf, a.v, a.N, a.H, w0, h);
     }
     float dk[DT][4] = {}, dv[DT][4] = {};
+    OneHotHistOf<AXES> hk = {};  // SPHERE: Hk's angular columns
     const int nblocks = (qend - qbeg + BQ - 1) / BQ;
     auto load = [&](int blk) {
       const int q0 = qbeg + blk * BQ, n = min(BQ, qend - q0), buf = blk & 1;
@@ -699,7 +721,8 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
       const int* qc = sm.oc + buf * BQ * 3;
       const float* qr = sm.orad + buf * BQ;
       if constexpr (REL) {
-        if (a.tq || a.tv) {
+        if constexpr (SPHERE) onehot_block<BQ, AXES>(sm.E, qc);
+        if (SPHERE || a.tq || a.tv) {
           if (a.tq) block_products<DP, BQ, TLD>(sm.other_p1, sm.lp, Q, sm.tq, a.L3p);
           if (a.tv) block_products<DP, BQ, TLD>(sm.other_p2, sm.lp, G, sm.tv, a.L3p);
           __syncthreads();
@@ -728,7 +751,16 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
                            return 0u;
                          }
                        });
-        if constexpr (REL) {
+        if constexpr (SPHERE) {
+          if (a.tk) {  // the radial entry: table row bin·3 + 2
+            int bins[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) bins[nt][e] = table_row(rows[nt][e], 2) / 3;
+            quad_bin_add(hk_row[0], hk_row[1], bins, dp);
+          }
+        } else if constexpr (REL) {
           if (a.tk) quad_hist_add(hk_row[0], hk_row[1], rows, dp);
         }
 #pragma unroll
@@ -739,6 +771,8 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
           mma_ab<DP, LD>(dv, pa, G, kk);
           c_to_a<T>(da, dp, kk);
           mma_ab<DP, LD>(dk, da, Q, kk);
+          if constexpr (SPHERE)
+            if (a.tk) onehot_hist_add<AXES>(hk, da, sm.E, kk);
         }
       }
     });
@@ -748,6 +782,16 @@ __global__ void __launch_bounds__(mma::kThreads) bwd_dkv_mma_kernel(const Args<T
     for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dk[dt][e] *= f;
+    if constexpr (SPHERE) {
+      if (a.tk) {  // Hk's rows of the warp over its own Kt rows, which only this warp read
+        __syncwarp();
+        const float one[2] = {1.f, 1.f};
+        float* hrow = sm.hist1 + warp * 16 * sm.lp;
+        onehot_hist_store<false, AXES>(hrow, sm.lp, hk, ck, one, L, shift);
+        radial_column(hrow, sm.lp, sm.hkr + warp * 16 * sm.rp, sm.rp, L, one);
+        __syncwarp();
+      }
+    }
     if constexpr (REL) {
       if (a.tk && active)
         add_rows_times_table<DP, TLD>(dk, sm.hist1 + warp * 16 * sm.lp, sm.lp, sm.tk, a.L3p, 1.f, 1.f);
@@ -833,18 +877,22 @@ bool launch_mma_backward(const FusedOperands& o, const at::Tensor& bounds, Args<
       if (dkv_onehot_bytes > 0) fit_smem(dkv_storing, dkv_onehot_bytes);
     }
     // Spherical tables (radial bins): dq by the one-hot kernel of the angular axes (the radial bins gathered per
-    // pair), at head dims up to 32 (SphereFormer's; from 64 on its accumulators spill); dk/dv by the gather
-    // kernel, which was faster than the same scheme for dk/dv (benchmarks/RESULTS.md, twenty-fifth session).
+    // pair), dk/dv by the gather kernel with Hk's angular columns one-hot (SPHERE), at head dims up to 32
+    // (SphereFormer's; from 64 on the dq kernel's accumulators spill).
     void (*dq_sphere)(const Args<T>) = nullptr;
-    size_t dq_sphere_bytes = 0;
+    void (*dkv_sphere)(const Args<T>) = nullptr;
+    size_t dq_sphere_bytes = 0, dkv_sphere_bytes = 0;
     if constexpr (REL && DP <= 32) {
       if (o.radius.defined()) {
         dq_sphere = bwd_dq_onehot_kernel<DP, T, true>;
+        dkv_sphere = bwd_dkv_mma_kernel<DP, T, true, true>;
         dq_sphere_bytes = fit_smem(dq_sphere, smem_bytes<OneHotDqSmem<DP, T, true>>(a));
+        dkv_sphere_bytes = fit_smem(dkv_sphere, smem_bytes<MmaDkvSmem<DP, T, true, true>>(a));
       }
     }
-    const bool sphere = dq_sphere_bytes > 0;
+    const bool sphere = dq_sphere_bytes > 0 && dkv_sphere_bytes > 0;
     const int dq_sphere_grid = sphere ? persistent_grid(dq_sphere, dq_sphere_bytes, items, 1) : 0;
+    const int dkv_sphere_grid = sphere ? persistent_grid(dkv_sphere, dkv_sphere_bytes, items, 1) : 0;
     const bool onehot = dq_onehot_bytes > 0 && dkv_onehot_bytes > 0;
     const bool stored = onehot && dq_stored_bytes > 0;
     const int dq_onehot_grid = onehot ? persistent_grid(dq_onehot, dq_onehot_bytes, items, 1) : 0;
@@ -852,7 +900,7 @@ bool launch_mma_backward(const FusedOperands& o, const at::Tensor& bounds, Args<
     const int dq_stored_grid = stored ? persistent_grid(dq_stored, dq_stored_bytes, items, 1) : 0;
     const int dkv_storing_grid = stored ? persistent_grid(dkv_storing, dkv_onehot_bytes, items, 1) : 0;
     make_slots(std::max({dq_grid, dq_onehot_grid, dq_stored_grid, dq_sphere_grid}),
-               std::max({dkv_grid, dkv_onehot_grid, dkv_storing_grid}));
+               std::max({dkv_grid, dkv_onehot_grid, dkv_storing_grid, dkv_sphere_grid}));
     at::Tensor flag, pair_off, pair_words;
     if (onehot || sphere) {
       flag = onehot_flag(o);
@@ -883,7 +931,10 @@ bool launch_mma_backward(const FusedOperands& o, const at::Tensor& bounds, Args<
     }
     dq_kernel<<<dq_grid, mma::kThreads, dq_bytes, stream>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (sphere) a.onehot = nullptr;  // the flag was the dq kernels'; the gather dk/dv kernel does the work
+    if (sphere) {
+      dkv_sphere<<<dkv_sphere_grid, mma::kThreads, dkv_sphere_bytes, stream>>>(a);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
     if (onehot) {
       dkv_onehot<<<dkv_onehot_grid, mma::kThreads, dkv_onehot_bytes, stream>>>(a);
       C10_CUDA_KERNEL_LAUNCH_CHECK();

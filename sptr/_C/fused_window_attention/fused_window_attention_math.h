@@ -13,6 +13,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define SPTR_FHD __host__ __device__ __forceinline__
@@ -37,9 +38,26 @@ struct RelPosParams {
 
 SPTR_FHD int clamp_rel(int r, int L) { return r < 0 ? 0 : (r >= L ? L - 1 : r); }
 
+// floor(logf(x) · inv_ln2) for x >= 2, as exponential_split evaluates floor(log2(x)). More than 2^9 ulps away
+// from a power of two it is x's binary exponent, which costs no logarithm: the product's rounding moves it off
+// the exponent at most 84 ulps from a power of two (tests/ops/test_radial_bin_log2.py checks every finite float
+// >= 2, against the C++ compiler's logf and CUDA's).
+SPTR_FHD float floor_log2_of(float x, float inv_ln2) {
+  uint32_t bits;
+#if defined(__CUDA_ARCH__)
+  bits = __float_as_uint(x);
+#else
+  std::memcpy(&bits, &x, sizeof bits);
+#endif
+  const uint32_t mantissa = bits & 0x7FFFFFu, exponent = bits >> 23, band = 1u << 9;
+  const bool inside = exponent < 255u && mantissa >= band && mantissa <= 0x7FFFFFu - band;
+  if (inside) return static_cast<float>(static_cast<int>(exponent) - 127);
+  return floorf(logf(x) * inv_ln2);
+}
+
 SPTR_FHD int radial_bin(float delta, const RelPosParams& p) {
   const float dist = fabsf(delta);
-  float b = 2.f * floorf(logf((dist + p.two_a) * p.inv_a) * p.inv_ln2) - 2.f;
+  float b = 2.f * floor_log2_of((dist + p.two_a) * p.inv_a, p.inv_ln2) - 2.f;
   const float edge = (3.f * exp2f(floorf(b * 0.5f)) - 2.f) * p.a;
   if (edge <= dist) b += 1.f;
   if (!(delta >= 0.f)) b = -b - 1.f;
