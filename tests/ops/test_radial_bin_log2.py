@@ -40,7 +40,9 @@ def test_floor_log2_of_matches_the_logarithm_cpu(tmp_path):
         pytest.skip("needs a C++ compiler")
     source, binary = tmp_path / "check.cpp", tmp_path / "check"
     source.write_text(CHECK)
-    subprocess.run([compiler, "-O2", "-std=c++17", f"-I{ROOT}", str(source), "-o", str(binary)], check=True)
+    built = subprocess.run([compiler, "-O2", "-std=c++17", f"-I{ROOT}", str(source), "-o", str(binary)],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
     result = subprocess.run([str(binary)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
