@@ -50,10 +50,10 @@ fi
 [ -n "${SKIP_TESTS:-}" ] || PYTHONPATH=$ORACLE:. OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} python3 -m pytest ${PYTEST_TARGETS:-tests} \
   -q -p no:cacheprovider -rs --timeout "${PYTEST_TIMEOUT:-240}" ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 \
   | tee "$OUT/pytest.log" | tail -25
-# ... and the 5.x-form adapter is checked against the machine's own transformers 5.x.
+# ... and the 5.x-form adapter and MoE layers are checked against the machine's own transformers 5.x.
 [ -n "${SKIP_HF5:-}" ] || PYTHONPATH=. python3 -m pytest tests/ops/test_rope_index_hf5.py \
-  tests/integrations/test_qwen2_5_vl_hf5.py tests/models/test_qwen2_5_vl_moe_hf5.py -q -p no:cacheprovider -rs \
-  2>&1 | tee "$OUT/pytest_hf5.log" | tail -3
+  tests/integrations/test_qwen2_5_vl_hf5.py tests/models/test_qwen2_5_vl_moe_hf5.py tests/layers/test_moe_layers.py \
+  -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest_hf5.log" | tail -3
 # Out-of-bounds accesses and races in the CUDA kernels, on the CUDA test cases of the smaller tests.
 [ -n "${SKIP_MEMCHECK:-}" ] || PYTHONPATH=$ORACLE:. timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool memcheck --error-exitcode 1 \
   python3 -m pytest ${SANITIZER_TARGETS:-tests/ops} -q -p no:cacheprovider -x \

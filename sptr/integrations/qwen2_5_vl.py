@@ -66,20 +66,47 @@ def fused_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return rope_ops.apply_rotary(q, k, cos, sin, None)
 
 
+def _innermost(fn):
+    """``fn`` without its ``functools.wraps`` decorators (5.x wraps the attention's forward in ``deprecate_kwarg``)."""
+    while getattr(fn, "__wrapped__", None) is not None:
+        fn = fn.__wrapped__
+    return fn
+
+
+def _holds(cell, value) -> bool:
+    try:
+        return cell.cell_contents is value
+    except ValueError:  # an empty cell
+        return False
+
+
+def _copy_function(fn, scope: dict, closure):
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, closure)
+    copy.__kwdefaults__, copy.__qualname__, copy.__doc__ = fn.__kwdefaults__, fn.__qualname__, fn.__doc__
+    return copy
+
+
 def _with_fused_mrope(forward):
     """A copy of transformers' ``forward`` whose global mRoPE function (4.49's or 5.x's) is sptr's (its module's
-    other globals as they were when first patched); only the modules given the copy use it."""
+    other globals as they were when first patched); only the modules given the copy use it. A decorator's
+    wrapper is copied around the fused copy of the function it wraps."""
     copy = _with_fused_mrope_cache.get(forward)
     if copy is None:
-        scope = dict(forward.__globals__)
-        if _MROPE in forward.__code__.co_names:
-            scope[_MROPE] = fused_multimodal_rotary_pos_emb
+        inner = getattr(forward, "__wrapped__", None)
+        if inner is None:
+            mrope = _MROPE in forward.__code__.co_names
+            scope = dict(forward.__globals__)
+            scope[_MROPE if mrope else _ROPE5] = fused_multimodal_rotary_pos_emb if mrope else fused_rotary_pos_emb
+            copy = _copy_function(forward, scope, forward.__closure__)
         else:
-            scope[_ROPE5] = fused_rotary_pos_emb
-        copy = types.FunctionType(forward.__code__, scope, forward.__name__, forward.__defaults__,
-                                  forward.__closure__)
-        copy.__kwdefaults__, copy.__qualname__, copy.__doc__ = (forward.__kwdefaults__, forward.__qualname__,
-                                                               forward.__doc__)
+            cells = forward.__closure__ or ()
+            if not any(_holds(c, inner) for c in cells):
+                raise RuntimeError(f"cannot patch {forward.__qualname__}: its decorator does not hold the function "
+                                   "it wraps")
+            fused = _with_fused_mrope(inner)
+            copy = _copy_function(forward, forward.__globals__,
+                                  tuple(types.CellType(fused) if _holds(c, inner) else c for c in cells))
+            copy.__wrapped__ = fused
         _with_fused_mrope_cache[forward] = copy
     return copy
 
@@ -158,7 +185,7 @@ def apply_to(model: torch.nn.Module) -> torch.nn.Module:
         if not v5 and isinstance(module, hf.Qwen2_5_VisionTransformerPretrainedModel):
             module.rot_pos_emb = PatchedMethod("rot_pos_emb", module)
             module.get_window_index = PatchedMethod("get_window_index", module)
-        forward = type(module).forward
+        forward = _innermost(type(module).forward)
         if getattr(forward, "__globals__", None) is vars(hf) and rope in forward.__code__.co_names:
             module.forward = PatchedMethod("forward", module)
     return model

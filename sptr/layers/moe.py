@@ -281,24 +281,35 @@ class RoutedExpertFFN(nn.Module):
 
     @classmethod
     def from_plain(cls, module: nn.Module, **routing) -> "RoutedExpertFFN":
-        """The layer with the weights of a plain module holding ``gate`` and ``experts.{e}.*_proj``;
-        ``routing`` sets the config's routing fields (top_k, gating, ...)."""
-        e0 = module.experts[0]
-        state = module.state_dict()
-        if not hasattr(e0, "gate_proj") and hasattr(e0, "w1"):  # Mixtral's experts: w1 gate, w3 up, w2 down
-            names = {".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
-            renamed = {}
-            for key, value in state.items():
-                for old, new in names.items():
-                    if key.startswith("experts.") and old in key:
-                        key = key.replace(old, new)
-                renamed[key] = value
-            state, gate = renamed, e0.w1
+        """The layer with the weights of a plain MoE block: a router ``gate`` (``gate.weight`` [E, H]) and experts
+        as a list of ``gate_proj/up_proj/down_proj`` (or Mixtral's ``w1/w3/w2``) modules, as in transformers 4.x,
+        or as transformers 5.x's stacked ``experts.gate_up_proj`` [E, 2I, H] (gate rows first) and
+        ``experts.down_proj`` [E, H, I]. ``routing`` sets the config's routing fields (top_k, gating, ...)."""
+        if getattr(module, "shared_expert", None) is not None:
+            raise ValueError(f"{type(module).__name__} has a shared expert, which RoutedExpertFFN does not hold")
+        experts = module.experts
+        weight = module.gate.weight
+        if isinstance(getattr(experts, "gate_up_proj", None), Tensor):
+            state = _stacked_expert_state(experts)
+            state["gate.weight"] = weight.detach()
+            bias, inter = False, experts.down_proj.shape[2]
         else:
-            gate = e0.gate_proj
-        cfg = RoutedExpertFFNConfig(hidden=gate.in_features, intermediate=gate.out_features,
-                                    num_experts=len(module.experts), bias=gate.bias is not None, **routing)
-        layer = cls(cfg).to(device=gate.weight.device, dtype=gate.weight.dtype)
+            e0 = experts[0]
+            state = module.state_dict()
+            if not hasattr(e0, "gate_proj") and hasattr(e0, "w1"):  # Mixtral's experts: w1 gate, w3 up, w2 down
+                names = {".w1.": ".gate_proj.", ".w3.": ".up_proj.", ".w2.": ".down_proj."}
+                renamed = {}
+                for key, value in state.items():
+                    for old, new in names.items():
+                        if key.startswith("experts.") and old in key:
+                            key = key.replace(old, new)
+                    renamed[key] = value
+                state = renamed
+            gate = e0.gate_proj if hasattr(e0, "gate_proj") else e0.w1
+            bias, inter = gate.bias is not None, gate.out_features
+        cfg = RoutedExpertFFNConfig(hidden=weight.shape[1], intermediate=inter, num_experts=weight.shape[0],
+                                    bias=bias, **routing)
+        layer = cls(cfg).to(device=weight.device, dtype=weight.dtype)
         layer.load_state_dict(state)
         return layer
 
@@ -341,3 +352,23 @@ class RoutedExpertFFN(nn.Module):
         y = self.forward_routed(flat, index, weight)
         aux = load_balancing_loss(probs, index, self.cfg.num_experts, attention_mask)
         return RoutedOutput(y.reshape(*x.shape[:-1], H).to(x.dtype), aux, logits)
+
+
+def _stacked_expert_state(experts: nn.Module) -> dict[str, Tensor]:
+    """transformers 5.x's stacked experts as the per-expert keys of RoutedExpertFFN's state dict."""
+    gate_up, down = experts.gate_up_proj, experts.down_proj
+    if getattr(experts, "is_transposed", False) or getattr(experts, "has_bias", False) or \
+            getattr(experts, "has_gate", True) is False:
+        raise ValueError(f"{type(experts).__name__}: only the [E, 2I, H] / [E, H, I] layout without biases "
+                         "(Mixtral, OLMoE, Qwen-MoE) converts to RoutedExpertFFN")
+    E, two_i, H = gate_up.shape
+    if two_i % 2 or tuple(down.shape) != (E, H, two_i // 2):
+        raise ValueError(f"{type(experts).__name__}: gate_up_proj {tuple(gate_up.shape)} and down_proj "
+                         f"{tuple(down.shape)} are not [E, 2I, H] and [E, H, I]")
+    inter = two_i // 2
+    state = {}
+    for e in range(E):
+        state[f"experts.{e}.gate_proj.weight"] = gate_up[e, :inter].detach()
+        state[f"experts.{e}.up_proj.weight"] = gate_up[e, inter:].detach()
+        state[f"experts.{e}.down_proj.weight"] = down[e].detach()
+    return state

@@ -147,3 +147,37 @@ def test_a_patched_model_pickles_and_loads_patched(tmp_path):
         assert torch.equal(loaded(**batch).logits, want)
     qwen2_5_vl.restore(loaded)
     assert not any(isinstance(v, qwen2_5_vl.PatchedMethod) for m in loaded.modules() for v in m.__dict__.values())
+
+
+def test_fused_copy_of_a_decorated_forward_keeps_the_decorator():
+    """transformers 5.x wraps the attention's forward (deprecate_kwarg): the copy keeps the wrapper and rotates
+    with sptr's kernel inside it; the original still calls transformers' function."""
+    import functools
+
+    calls = []
+
+    def renaming(fn):  # a decorator like deprecate_kwarg: renames a keyword, then calls the wrapped function
+        @functools.wraps(fn)
+        def wrapper(self, *args, old=None, **kwargs):
+            calls.append("wrapper")
+            return fn(self, *args, **kwargs)
+        return wrapper
+
+    def transformers_rope(q, k, cos, sin, unsqueeze_dim=1):
+        calls.append("transformers")
+        return q, k
+
+    scope = {"apply_rotary_pos_emb": transformers_rope}
+    exec("def forward(self, q, k, cos, sin):\n    return apply_rotary_pos_emb(q, k, cos, sin)", scope)
+    forward = renaming(scope["forward"])
+    fused = qwen2_5_vl._with_fused_mrope(forward)
+    assert fused is qwen2_5_vl._with_fused_mrope(forward) and fused.__wrapped__ is not forward.__wrapped__
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
+    cos, sin = torch.randn(1, 3, 8), torch.randn(1, 3, 8)
+    got = fused(None, q, k, cos, sin, old=1)
+    want = qwen2_5_vl.fused_rotary_pos_emb(q, k, cos, sin)
+    assert calls == ["wrapper"] and all(torch.equal(a, b) for a, b in zip(got, want))
+    forward(None, q, k, cos, sin)
+    assert calls == ["wrapper", "wrapper", "transformers"]
+    with pytest.raises(RuntimeError, match="does not hold the function it wraps"):
+        qwen2_5_vl._with_fused_mrope(functools.wraps(forward.__wrapped__)(lambda *a: None))

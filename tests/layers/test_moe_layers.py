@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from torch import nn
 
 from sptr.layers import DualExpertFFN, DualExpertFFNConfig, RoutedExpertFFN, RoutedExpertFFNConfig
 from sptr.layers.moe import load_balancing_loss, route
@@ -293,27 +294,77 @@ def test_wallx_config_names_and_key_renaming():
     assert renamed["model.layers.0.moe.experts.0.gate_proj.weight"] is w
 
 
-def test_routed_layer_as_transformers_mixtral_block():
-    """from_plain takes Mixtral's w1/w2/w3 experts; outputs, dtypes under autocast and the masked
-    load-balancing loss are transformers'."""
-    mixtral = pytest.importorskip("transformers.models.mixtral.modeling_mixtral")
-    from transformers import MixtralConfig
+@pytest.mark.parametrize("family", ["mixtral", "olmoe"])
+def test_routed_layer_as_transformers_moe_block(family):
+    """from_plain takes transformers' MoE blocks (4.x: expert modules, Mixtral's w1/w2/w3 among them; 5.x:
+    stacked gate_up_proj / down_proj); outputs, dtypes under autocast and the masked load-balancing loss are
+    transformers'."""
+    module = pytest.importorskip(f"transformers.models.{family}.modeling_{family}")
+    import transformers
 
     torch.manual_seed(0)
-    config = MixtralConfig(hidden_size=32, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2)
-    block = mixtral.MixtralSparseMoeBlock(config).eval()
-    layer = RoutedExpertFFN.from_plain(block, top_k=2)
+    if family == "mixtral":
+        config = transformers.MixtralConfig(hidden_size=32, intermediate_size=48, num_local_experts=4,
+                                            num_experts_per_tok=2)
+        block, routing = module.MixtralSparseMoeBlock(config), {"top_k": 2}
+    else:  # OLMoE keeps the top-k probabilities as they are (norm_topk_prob=False)
+        config = transformers.OlmoeConfig(hidden_size=32, intermediate_size=48, num_experts=4,
+                                          num_experts_per_tok=2, norm_topk_prob=False)
+        block, routing = module.OlmoeSparseMoeBlock(config), {"top_k": 2, "normalize_topk": False}
+    with torch.no_grad():  # 5.x allocates the stacked experts uninitialised
+        for p in block.parameters():
+            p.normal_(0, 0.2)
+    block.eval()
+    layer = RoutedExpertFFN.from_plain(block, **routing)
     x = torch.randn(2, 7, 32)
+
+    def block_outputs(x):  # 4.x returns (out, logits); 5.x the output alone, its router (logits, weights, ids)
+        out = block(x)
+        return out if isinstance(out, tuple) else (out, block.gate(x.reshape(-1, 32))[0])
+
     with torch.no_grad():
-        want, want_logits = block(x)
+        want, want_logits = block_outputs(x)
         got = layer(x)
     assert torch.allclose(got.hidden_states, want, atol=1e-6, rtol=1e-5)
     assert torch.allclose(got.router_logits, want_logits, atol=1e-6)
     mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
-    want_aux = mixtral.load_balancing_loss_func((want_logits,), 4, 2, mask)
+    want_aux = module.load_balancing_loss_func((want_logits,), 4, 2, mask)
     assert torch.allclose(layer(x, attention_mask=mask).aux_loss, want_aux, atol=1e-6)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        want, want_logits = block(x)
+        want, want_logits = block_outputs(x)
         got = layer(x)
     assert got.hidden_states.dtype == want.dtype == torch.float32
     assert got.router_logits.dtype == want_logits.dtype
+
+
+def test_routed_layer_from_stacked_experts_refuses_other_layouts():
+    """Stacked experts the layer cannot hold (transposed, biased, a shared expert) are refused by name."""
+    E, H, inter = 3, 8, 6
+
+    class Stacked(nn.Module):
+        def __init__(self, **flags):
+            super().__init__()
+            self.gate_up_proj = nn.Parameter(torch.randn(E, 2 * inter, H))
+            self.down_proj = nn.Parameter(torch.randn(E, H, inter))
+            self.__dict__.update(flags)
+
+    def block(**flags):
+        b = nn.Module()
+        b.gate, b.experts = nn.Linear(H, E, bias=False), Stacked(**flags)
+        return b
+
+    plain = block()
+    layer = RoutedExpertFFN.from_plain(plain, top_k=1)
+    assert torch.equal(layer.experts[1].up_proj.weight, plain.experts.gate_up_proj[1, inter:])
+    assert torch.equal(layer.experts[2].down_proj.weight, plain.experts.down_proj[2])
+    for flags in ({"is_transposed": True}, {"has_bias": True}):
+        with pytest.raises(ValueError, match="Stacked: only the"):
+            RoutedExpertFFN.from_plain(block(**flags), top_k=1)
+    bad = block()
+    bad.experts.down_proj = nn.Parameter(torch.randn(E, H, inter + 1))
+    with pytest.raises(ValueError, match=r"down_proj \(3, 8, 7\)"):
+        RoutedExpertFFN.from_plain(bad, top_k=1)
+    shared = block()
+    shared.shared_expert = nn.Linear(H, H)
+    with pytest.raises(ValueError, match="shared expert"):
+        RoutedExpertFFN.from_plain(shared, top_k=1)

@@ -6,7 +6,7 @@ import torch
 
 from sptr.ops import moe
 from sptr.reference import moe as ref
-from tests.helpers import LOW_PRECISION, TOLERANCE, assert_close, device_params
+from tests.helpers import LOW_PRECISION, TOLERANCE, assert_close, device_params, requires_cuda
 
 DTYPES = [torch.float32, *LOW_PRECISION]
 
@@ -156,10 +156,11 @@ def offsets_of(counts, device):
 
 @pytest.mark.parametrize("device", device_params())
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_swiglu_matches_reference(device, dtype):
-    counts, widths = [5, 0, 9], [7, 3, 12]
+@pytest.mark.parametrize("widths, pad", [([7, 3, 12], 1), ([16, 8, 24], 8)], ids=["odd", "16-byte"])
+def test_swiglu_matches_reference(device, dtype, widths, pad):
+    counts = [5, 0, 9]
     R = sum(counts) + 3  # rows past the last group
-    h = torch.randn(R, 2 * max(widths) + 1).to(dtype).to(device).requires_grad_()
+    h = torch.randn(R, 2 * max(widths) + pad).to(dtype).to(device).requires_grad_()
     off = offsets_of(counts, device)
     out = moe.swiglu(h, off, widths)
     h64 = h.detach().double().requires_grad_()
@@ -172,6 +173,23 @@ def test_swiglu_matches_reference(device, dtype):
     out.backward(g)
     want.backward(g.double())
     assert_close("d h", h.grad, h64.grad, TOLERANCE[dtype])
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_cuda_vector_and_scalar_kernels_agree_bitwise(dtype):
+    """16-byte rows take the vector kernel; the same values at an address off by one element, the scalar one."""
+    counts, widths = [6, 0, 11], [16, 8, 24]
+    R, ld = sum(counts) + 2, 56
+    off = offsets_of(counts, "cuda")
+    h = torch.randn(R, ld, device="cuda").to(dtype)
+    g = torch.randn(R, max(widths), device="cuda").to(dtype)
+    shifted = [torch.empty(t.numel() + 1, device="cuda", dtype=dtype)[1:].view_as(t).copy_(t) for t in (h, g)]
+    assert shifted[0].data_ptr() % 16 and shifted[0].is_contiguous()
+    fwd = torch.ops.sptr.moe_swiglu_fwd
+    bwd = torch.ops.sptr.moe_swiglu_bwd
+    assert torch.equal(fwd(h, off, widths), fwd(shifted[0], off, widths))
+    assert torch.equal(bwd(g, h, off, widths), bwd(shifted[1], shifted[0], off, widths))
 
 
 GROUP_CASES = [  # counts per group, (n, k) per group, parts per group

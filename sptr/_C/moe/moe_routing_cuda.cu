@@ -492,32 +492,48 @@ struct GroupWidths {
   int32_t w[kSwigluGroups];
 };
 
-template <typename T, bool BACKWARD>
+// Row r of group g (width w = widths[g]; none: w = 0), V elements per vector (V divides ld, W and every w).
+// Forward: out [R, W] = silu(gate) · up over the row's w columns, zeros past them. Backward: out = dh [R, ld],
+// the gate and up columns of a pair from one load of gate, up and grad (the row's other columns zero). The
+// arithmetic per element is the scalar kernel's (V = 1), so both widths give the same bits.
+template <typename T, int V, bool BACKWARD>
 __global__ void moe_swiglu_kernel(const T* __restrict__ h, const T* __restrict__ grad, const int64_t* offsets,
                                   GroupWidths widths, int G, int64_t R, int64_t ld, int64_t W, T* __restrict__ out) {
   using acc_t = at::opmath_type<T>;
+  using VT = Vec<T, V>;
   __shared__ int64_t off[kSwigluGroups + 1];
   for (int i = threadIdx.x + threadIdx.y * blockDim.x; i <= G; i += blockDim.x * blockDim.y) off[i] = offsets[i];
   __syncthreads();
+  const int64_t cols = BACKWARD ? ld : W, step = int64_t(blockDim.x) * V;
   for (int64_t r = blockIdx.x * (int64_t)blockDim.y + threadIdx.y; r < R; r += (int64_t)gridDim.x * blockDim.y) {
     const int g = find_group(off, G, r);
     const int64_t w = g >= 0 ? widths.w[g] : 0;
-    const int64_t cols = BACKWARD ? ld : W;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      const int64_t jj = BACKWARD && j >= w ? j - w : j;  // backward: column j of dh; gate or up part
-      acc_t result = 0;
-      if (jj < w && (!BACKWARD || j < 2 * w)) {
-        const acc_t gate = static_cast<acc_t>(h[r * ld + jj]), up = static_cast<acc_t>(h[r * ld + w + jj]);
-        const acc_t s = acc_t(1) / (acc_t(1) + exp(-gate));
-        if (!BACKWARD) {
-          result = gate * s * up;
+    const T* hr = h + r * ld;
+    T* o = out + r * cols;
+    for (int64_t j = threadIdx.x * int64_t(V); j < w; j += step) {
+      const VT gate = *reinterpret_cast<const VT*>(hr + j), up = *reinterpret_cast<const VT*>(hr + w + j);
+      VT d, dgate, dup;
+      if constexpr (BACKWARD) d = *reinterpret_cast<const VT*>(grad + r * W + j);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const acc_t x = static_cast<acc_t>(gate.v[i]), u = static_cast<acc_t>(up.v[i]);
+        const acc_t sg = acc_t(1) / (acc_t(1) + exp(-x));
+        if constexpr (!BACKWARD) {
+          dgate.v[i] = static_cast<T>(x * sg * u);
         } else {
-          const acc_t d = static_cast<acc_t>(grad[r * W + jj]);
-          result = j < w ? d * up * s * (acc_t(1) + gate * (acc_t(1) - s)) : d * gate * s;
+          const acc_t dd = static_cast<acc_t>(d.v[i]);
+          dgate.v[i] = static_cast<T>(dd * u * sg * (acc_t(1) + x * (acc_t(1) - sg)));
+          dup.v[i] = static_cast<T>(dd * x * sg);
         }
       }
-      out[r * cols + j] = static_cast<T>(result);
+      *reinterpret_cast<VT*>(o + j) = dgate;
+      if constexpr (BACKWARD) *reinterpret_cast<VT*>(o + w + j) = dup;
     }
+    VT zero;
+#pragma unroll
+    for (int i = 0; i < V; ++i) zero.v[i] = T(0);
+    for (int64_t j = (BACKWARD ? 2 * w : w) + threadIdx.x * int64_t(V); j < cols; j += step)
+      *reinterpret_cast<VT*>(o + j) = zero;
   }
 }
 
@@ -541,18 +557,22 @@ at::Tensor swiglu_cuda(const at::Tensor* grad, const at::Tensor& h_in, const at:
   const at::Tensor off = offsets.contiguous();
   GroupWidths wid;
   for (size_t i = 0; i < widths.size(); ++i) wid.w[i] = static_cast<int32_t>(widths[i]);
-  const dim3 block = row_block(grad ? ld : W);
   SPTR_DISPATCH_FLOATING(h.scalar_type(), "moe_swiglu_cuda", [&] {
-    auto stream = at::cuda::getCurrentCUDAStream();
-    if (grad)
-      moe_swiglu_kernel<scalar_t, true><<<row_grid(R, block), block, 0, stream>>>(
-          h.const_data_ptr<scalar_t>(), g.const_data_ptr<scalar_t>(), off.const_data_ptr<int64_t>(),
-          wid, (int)widths.size(), R, ld, W, out.mutable_data_ptr<scalar_t>());
-    else
-      moe_swiglu_kernel<scalar_t, false><<<row_grid(R, block), block, 0, stream>>>(
-          h.const_data_ptr<scalar_t>(), nullptr, off.const_data_ptr<int64_t>(), wid,
-          (int)widths.size(), R, ld, W, out.mutable_data_ptr<scalar_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    auto run = [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      const dim3 block = row_block((grad ? ld : W) / V);
+      auto* kernel = grad ? moe_swiglu_kernel<scalar_t, V, true> : moe_swiglu_kernel<scalar_t, V, false>;
+      kernel<<<row_grid(R, block), block, 0, at::cuda::getCurrentCUDAStream()>>>(
+          h.const_data_ptr<scalar_t>(), grad ? g.const_data_ptr<scalar_t>() : nullptr, off.const_data_ptr<int64_t>(),
+          wid, static_cast<int>(widths.size()), R, ld, W, out.mutable_data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    constexpr int V = 16 / sizeof(scalar_t);
+    bool wide = vector_width<scalar_t>(ld, {h.const_data_ptr(), out.const_data_ptr()}) == V &&
+                vector_width<scalar_t>(W, {grad ? g.const_data_ptr() : out.const_data_ptr()}) == V;
+    for (int64_t w : widths) wide = wide && w % V == 0;
+    if (wide) run(std::integral_constant<int, V>());
+    else run(std::integral_constant<int, 1>());
   });
   return out;
 }
