@@ -1,6 +1,8 @@
 """A training step of a Wall-X-style dual-expert Qwen2.5-VL (issue 29), three ways in one run:
 
-1. sptr: ``sptr.models.qwen2_5_vl_moe`` (DualExpertFFN per decoder layer, sptr's mRoPE and index ops);
+1. sptr: ``sptr.models.qwen2_5_vl_moe`` (DualExpertFFN per decoder layer, sptr's mRoPE and index ops), with
+   cuBLAS per expert after one offsets read per layer (``gemm="cublas"``, what eager ``auto`` runs) and with the
+   sync-free grouped GEMM (``gemm="grouped"``, what torch.compile and CUDA graphs get);
 2. the Wall-X way in plain PyTorch: the same model with transformers' own mRoPE and index functions and each
    layer's experts as a Python loop over the token masks (what Wall-X's SparseMoeBlock computes);
 3. the Wall-X way + Liger's kernels where they apply (``apply_liger_kernel_to_qwen2_5_vl``: RMSNorm, mRoPE,
@@ -110,9 +112,10 @@ def build(kind, cfg, args, device):
 
     torch.manual_seed(0)
     plain = Qwen2_5_VLForConditionalGeneration(cfg)
-    model = wx.from_qwen2_5_vl(plain, wx.DualExpertQwenConfig(action_intermediate=args.hidden, gemm="cublas",
+    gemm = "grouped" if kind == "sptr, grouped (no sync)" else "cublas"
+    model = wx.from_qwen2_5_vl(plain, wx.DualExpertQwenConfig(action_intermediate=args.hidden, gemm=gemm,
                                                               action_token_id=ACTION))
-    if kind != "sptr":
+    if kind.startswith("wall-x"):
         qwen2_5_vl.restore(model)
         for layer in wx.decoder_layers(model):
             layer.mlp = LoopMLP(layer, model)
@@ -178,7 +181,7 @@ def main(argv=None):
     inputs = batch(args, device)
     tokens = inputs["input_ids"].numel()
     rows, base = [], None
-    for kind in ("sptr", "wall-x loop", "wall-x + liger"):
+    for kind in ("sptr", "sptr, grouped (no sync)", "wall-x loop", "wall-x + liger"):
         try:
             model = build(kind, cfg, args, device)
         except ImportError as exc:

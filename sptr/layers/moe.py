@@ -360,7 +360,7 @@ def _stacked_expert_state(experts: nn.Module) -> dict[str, Tensor]:
     if getattr(experts, "is_transposed", False) or getattr(experts, "has_bias", False) or \
             getattr(experts, "has_gate", True) is False:
         raise ValueError(f"{type(experts).__name__}: only the [E, 2I, H] / [E, H, I] layout without biases "
-                         "(Mixtral, OLMoE, Qwen-MoE) converts to RoutedExpertFFN")
+                         "(Mixtral, OLMoE, Qwen3-MoE) converts to RoutedExpertFFN")
     E, two_i, H = gate_up.shape
     if two_i % 2 or tuple(down.shape) != (E, H, two_i // 2):
         raise ValueError(f"{type(experts).__name__}: gate_up_proj {tuple(gate_up.shape)} and down_proj "
