@@ -62,8 +62,7 @@ def voxelize_scan(points: torch.Tensor, voxel_size=(0.05, 0.05, 0.05), pc_range=
                          torch.zeros(0, dtype=torch.long, device=points.device) if mode == "mean" else None)
     xyz_norm = xyz - xyz.min(0).values
     cells = torch.floor(xyz_norm / voxel).long()
-    occupied, inverse = torch.unique(cells, dim=0, return_inverse=True)
-    num = occupied.shape[0]
+    inverse, num = _voxel_of_cells(cells)
     if mode == "mean":
         coords = torch.floor(scatter_mean(xyz_norm, inverse, num) / voxel).long()
         return VoxelScan(coords, scatter_mean(xyz, inverse, num), scatter_mean(feats, inverse, num), None, inverse)
@@ -75,6 +74,19 @@ def voxelize_scan(points: torch.Tensor, voxel_size=(0.05, 0.05, 0.05), pc_range=
         nearest = torch.argsort((xyz[chosen] - centre).square().sum(1), stable=True)[:voxel_max]
         chosen = chosen[nearest]
     return VoxelScan(cells[chosen], xyz[chosen], feats[chosen], None if labels is None else labels[chosen], None)
+
+
+def _voxel_of_cells(cells: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Each point's voxel (the rank of its cell among the occupied cells, lexicographic) and the voxel count, for
+    cells >= 0. Where the cells' extents allow, each cell is one int64 key in lexicographic order: torch.unique
+    of keys gives the same ranks as of rows (dim=0), which on the CPU sorts rows ~15x slower."""
+    extent = [int(e) + 1 for e in cells.max(0).values.tolist()]
+    if extent[0] * extent[1] * extent[2] < 2**62:
+        key = (cells[:, 0] * extent[1] + cells[:, 1]) * extent[2] + cells[:, 2]
+        occupied, inverse = torch.unique(key, return_inverse=True)
+    else:
+        occupied, inverse = torch.unique(cells, dim=0, return_inverse=True)
+    return inverse, occupied.shape[0]
 
 
 def _first_per_group(group: torch.Tensor) -> torch.Tensor:
