@@ -50,6 +50,8 @@ def voxelize_scan(points: torch.Tensor, voxel_size=(0.05, 0.05, 0.05), pc_range=
     if labels is not None and labels.shape != (points.shape[0],):
         raise ValueError(f"labels must be (N,) = ({points.shape[0]},), got {tuple(labels.shape)}")
     points = points.float()
+    if not bool(torch.isfinite(points[:, :3]).all()):
+        raise ValueError("points hold non-finite coordinates (NaN or inf): they belong to no voxel")
     feats = points
     xyz = points[:, :3]
     if pc_range is not None:

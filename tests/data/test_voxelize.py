@@ -23,3 +23,13 @@ def test_voxelize_scan_voxels_in_lexicographic_cell_order():
     cells = torch.floor((points[:, :3] - points[:, :3].min(0).values) / 0.1).long()
     rows, inverse = torch.unique(cells, dim=0, return_inverse=True)
     assert torch.equal(scan.point_to_voxel, inverse) and scan.coords.shape[0] == rows.shape[0]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_voxelize_scan_refuses_non_finite_coordinates(bad):
+    points = torch.randn(10, 4)
+    points[3, 1] = bad
+    with pytest.raises(ValueError, match="non-finite coordinates"):
+        voxelize_scan(points)
+    points[3, 1], points[5, 3] = 0.0, bad  # a non-finite intensity is a feature, not a coordinate
+    assert voxelize_scan(points).coords.shape[0] > 0
