@@ -22,8 +22,8 @@ def has_sm90_grouped_gemm() -> bool:
     return bool(_kernels.built_with_sm90a)
 
 
-def sm90_grouped_gemm_runs() -> bool:
-    """True when the grouped linear ops take the CUTLASS kernel on the current CUDA device for 16-byte aligned
-    fp16/bf16 operands: the library holds it and the device has compute capability 9.0 (a call made with
-    SPTR_GROUPED_GEMM=mma still takes the mma.sync kernel)."""
-    return has_sm90_grouped_gemm() and torch.cuda.get_device_capability() == (9, 0)
+def sm90_grouped_gemm_runs(device=None) -> bool:
+    """True when the grouped linear ops take the CUTLASS kernel on ``device`` (default: the current CUDA device)
+    for 16-byte aligned fp16/bf16 operands: the library holds it and the device has compute capability 9.0 (a
+    call made with SPTR_GROUPED_GEMM=mma still takes the mma.sync kernel)."""
+    return has_sm90_grouped_gemm() and torch.cuda.get_device_capability(device) == (9, 0)

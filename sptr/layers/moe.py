@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import _C
 from ..ops._checks import autocast_dtype, check_tensor
 from ..ops.moe import ROUTING_IDS, grouped_linear, permute, swiglu, unpermute
 from ..reference.moe import SwiGLUExpert, capacity_keep
@@ -21,8 +22,9 @@ from .config import LayerConfig, check_positive
 
 ACTIVATIONS = ("silu",)
 # "grouped": the sync-free grouped GEMM kernels; "cublas": one host read of the expert offsets, then cuBLAS on
-# each expert's rows; "auto": cublas in eager CUDA code (cuBLAS's Hopper kernels are faster than the grouped
-# mma.sync kernel, see benchmarks/RESULTS.md), grouped on CPU, under torch.compile and in CUDA-graph capture.
+# each expert's rows; "auto": grouped where its GEMMs run the CUTLASS Hopper kernels (as fast as cuBLAS per
+# expert, and no host read), on CPU, under torch.compile and in CUDA-graph capture; cublas in other eager CUDA
+# code (cuBLAS is faster than the grouped mma.sync kernel that runs there). See benchmarks/RESULTS.md.
 GEMM_BACKENDS = ("auto", "grouped", "cublas")
 GATINGS = ("softmax", "sigmoid")
 # Every expert's rows start at a multiple of 8: 16-byte aligned reduction ranges for the weight gradients.
@@ -102,10 +104,21 @@ def _add_group_bias(y: Tensor, biases, offsets: Tensor) -> Tensor:
     return (y.to(acc) + table[group.clamp_max(len(biases) - 1)]).to(y.dtype)
 
 
-def _use_cublas(gemm: str, x: Tensor) -> bool:
+def _use_cublas(gemm: str, experts: nn.ModuleList, x: Tensor) -> bool:
     if gemm != "auto":
         return gemm == "cublas"
-    return x.is_cuda and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing()
+    if not x.is_cuda or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return False
+    return not _grouped_runs_cutlass(experts, x)
+
+
+def _grouped_runs_cutlass(experts: nn.ModuleList, x: Tensor) -> bool:
+    """Whether every grouped GEMM of the FFN takes the CUTLASS Hopper kernel: a build with it, a compute
+    capability 9.0 device, 16-bit GEMMs and rows of whole 16-byte vectors (the kernel's TMA alignment)."""
+    if not _C.sm90_grouped_gemm_runs(x.device) or _compute_dtype(x) not in (torch.float16, torch.bfloat16):
+        return False
+    widths = [x.shape[-1]] + [e.gate_proj.weight.shape[0] for e in experts]
+    return all(w % 8 == 0 for w in widths)
 
 
 def sliced_swiglu_ffn(experts: nn.ModuleList, x_perm: Tensor, offsets: Tensor) -> Tensor:
@@ -119,7 +132,8 @@ def sliced_swiglu_ffn(experts: nn.ModuleList, x_perm: Tensor, offsets: Tensor) -
 
 
 def swiglu_ffn(experts: nn.ModuleList, x_perm: Tensor, offsets: Tensor, gemm: str) -> Tensor:
-    return (sliced_swiglu_ffn if _use_cublas(gemm, x_perm) else grouped_swiglu_ffn)(experts, x_perm, offsets)
+    use_cublas = _use_cublas(gemm, experts, x_perm)
+    return (sliced_swiglu_ffn if use_cublas else grouped_swiglu_ffn)(experts, x_perm, offsets)
 
 
 def grouped_swiglu_ffn(experts: nn.ModuleList, x_perm: Tensor, offsets: Tensor) -> Tensor:
@@ -142,8 +156,9 @@ class DualExpertFFN(nn.Module):
     ``expert_index`` (same leading shape) bool (True: expert 1) or int (0 / 1; other ids give zero rows)
     returns ``y[t] = expert_{id(t)}(x[t])`` in x's shape: permute -> one grouped GEMM for gate‖up of both
     experts -> SwiGLU (fp32, one rounding) -> one grouped GEMM for down -> unpermute, with no host sync
-    (``cfg.gemm`` picks cuBLAS per expert instead in eager CUDA code, see GEMM_BACKENDS). Under autocast the
-    GEMMs run in the autocast dtype (as nn.Linear); bitwise reproducible run to run."""
+    (``cfg.gemm="auto"`` takes cuBLAS per expert in eager CUDA code where the CUTLASS Hopper kernels do not run,
+    see GEMM_BACKENDS). Under autocast the GEMMs run in the autocast dtype (as nn.Linear); bitwise reproducible
+    run to run."""
 
     def __init__(self, cfg: DualExpertFFNConfig):
         super().__init__()

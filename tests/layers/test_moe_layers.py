@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from sptr import _C
 from sptr.layers import DualExpertFFN, DualExpertFFNConfig, RoutedExpertFFN, RoutedExpertFFNConfig
 from sptr.layers.moe import load_balancing_loss, route
 from sptr.reference.moe import PlainDualExpertFFN, PlainRoutedExpertFFN, capacity_keep
@@ -254,6 +255,32 @@ def test_dual_expert_grouped_no_sync_and_cuda_graph():
     with torch.no_grad():
         want = grouped(x, index)
     assert torch.equal(out, want)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("intermediate", [(40, 24), (44, 24)])
+def test_dual_expert_auto_takes_grouped_where_cutlass_runs(intermediate):
+    """gemm="auto" in eager CUDA code: the sync-free grouped path (no host read, forward or backward) where the
+    CUTLASS Hopper kernels run all its GEMMs; elsewhere, and for a width that is not whole 16-byte vectors
+    (44), cuBLAS per expert after one read of the offsets."""
+    torch.manual_seed(0)
+    layer = DualExpertFFN(DualExpertFFNConfig(hidden=48, intermediate=intermediate)).cuda().to(torch.bfloat16)
+    x = torch.randn(300, 48, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    index = (torch.rand(300, device="cuda") < 0.3).long()
+    sync_free = _C.sm90_grouped_gemm_runs() and all(w % 8 == 0 for w in intermediate)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        layer(x, index).float().square().sum().backward()
+        synced = False
+    except RuntimeError as e:
+        if "synchroniz" not in str(e):
+            raise
+        synced = True
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert synced != sync_free, f"auto {'read' if synced else 'did not read'} the offsets on the host"
 
 
 def test_configs_from_yaml():
