@@ -281,6 +281,11 @@ def test_dual_expert_auto_takes_grouped_where_cutlass_runs(intermediate):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert synced != sync_free, f"auto {'read' if synced else 'did not read'} the offsets on the host"
+    empty = x[:0].detach().requires_grad_()
+    out = layer(empty, index[:0])
+    out.float().sum().backward()
+    assert out.shape == (0, 48) and empty.grad.shape == (0, 48)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
 
 
 def test_configs_from_yaml():
