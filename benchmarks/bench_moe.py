@@ -173,6 +173,7 @@ def ffn_rows():
     for name, m, wrap in impls:
         def step(m=m):
             x.grad = None
+            m.zero_grad(set_to_none=True)  # a training step's zero_grad: no accumulation into old gradients
             m(x, index).backward(g)
         fwd = time_ms(wrap(lambda m=m: m(x, index)))
         both = time_ms(wrap(step))

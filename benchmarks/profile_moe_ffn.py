@@ -30,6 +30,7 @@ def main():
 
         def step():
             x.grad = None
+            layer.zero_grad(set_to_none=True)  # a training step's zero_grad: no accumulation into old gradients
             layer(x, index).backward(g)
         for _ in range(2):
             step()
