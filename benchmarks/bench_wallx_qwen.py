@@ -1,15 +1,17 @@
 """A training step of a Wall-X-style dual-expert Qwen2.5-VL (issue 29), three ways in one run:
 
 1. sptr: ``sptr.models.qwen2_5_vl_moe`` (DualExpertFFN per decoder layer, sptr's mRoPE and index ops), with
-   cuBLAS per expert after one offsets read per layer (``gemm="cublas"``, what eager ``auto`` runs) and with the
-   sync-free grouped GEMM (``gemm="grouped"``, what torch.compile and CUDA graphs get);
+   cuBLAS per expert after one offsets read per layer (``gemm="cublas"``, the model's default: bit-exact to the
+   plain model) and with the sync-free grouped GEMM (``gemm="grouped"``, what the layers' ``auto`` runs on
+   Hopper builds with the CUTLASS kernels, under torch.compile and in CUDA graphs);
 2. the Wall-X way in plain PyTorch: the same model with transformers' own mRoPE and index functions and each
    layer's experts as a Python loop over the token masks (what Wall-X's SparseMoeBlock computes);
 3. the Wall-X way + Liger's kernels where they apply (``apply_liger_kernel_to_qwen2_5_vl``: RMSNorm, mRoPE,
    fused linear cross-entropy), if liger-kernel is installed.
 
 Each step: forward with labels, backward, AdamW step, bf16 autocast, images and ~15 % action tokens per row.
-Reported: median ms per step and peak memory above the resident model (CUDA), tokens/s.
+Reported: median ms per step (the models resident together, taking turns: ``--rounds`` turns of ``--repeat``
+steps each, every turn's median shown), peak memory above the resident model (CUDA), tokens/s.
 
 With ``--fsdp`` under torchrun, the sptr model alone, sharded with FSDP2 as Wall-X shards it (each decoder layer,
 then the root), every rank on its own batch: ms per step (the slowest rank), tokens/s of all ranks together, and
@@ -23,6 +25,7 @@ import argparse
 import os
 import sys
 import time
+from statistics import median
 
 import torch
 
@@ -125,9 +128,9 @@ def build(kind, cfg, args, device):
     return model.to(device).train()
 
 
-def measure(model, inputs, args, device):
+def trainer(model, inputs, device):
+    """One training step of the model: forward with labels under bf16 autocast, backward, AdamW, zero_grad."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    cuda = device.type == "cuda"
 
     def step():
         with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -135,24 +138,40 @@ def measure(model, inputs, args, device):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+    return step
 
-    for _ in range(args.warmup):
-        step()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
+
+def peak_of(step, device):
+    """(peak MiB of one step above what was allocated before it, that allocation in MiB): CUDA only."""
+    if device.type != "cuda":
+        return float("nan"), float("nan")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20, base / 2**20
+
+
+def timed(step, n, device):
+    """Wall-clock ms of each of n steps (each waits for the GPU)."""
     times = []
-    for _ in range(args.repeat):
+    for _ in range(n):
         start = time.perf_counter()
         step()
-        if cuda:
+        if device.type == "cuda":
             torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
-    ms = sorted(times)[len(times) // 2]
-    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
-    resident = base / 2**20 if cuda else float("nan")  # the model, its gradients' buffers and AdamW's state
-    return ms, peak, resident
+    return times
+
+
+def measure(model, inputs, args, device):
+    """(median ms per step, peak MiB above the resident model, resident MiB: the model, its optimizer state)."""
+    step = trainer(model, inputs, device)
+    for _ in range(args.warmup):
+        step()
+    peak, resident = peak_of(step, device)
+    return median(timed(step, args.repeat * args.rounds, device)), peak, resident
 
 
 def main(argv=None):
@@ -166,37 +185,47 @@ def main(argv=None):
     ap.add_argument("--grid", type=int, nargs=2, default=(16, 16), help="patches of each row's image")
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--repeat", type=int, default=4, help="steps per model and round")
+    ap.add_argument("--rounds", type=int, default=3, help="turns each model takes, in the same order")
     ap.add_argument("--tiny", action="store_true", help="a smoke-sized model and batch")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 under torchrun (the sptr model only)")
     args = ap.parse_args(argv)
     if args.tiny:
         args.hidden, args.layers, args.vision_depth, args.vision_hidden = 64, 2, 2, 32
-        args.batch, args.seq, args.grid, args.warmup, args.repeat = 2, 64, (4, 8), 1, 2
+        args.batch, args.seq, args.grid, args.warmup, args.repeat, args.rounds = 2, 64, (4, 8), 1, 2, 2
     if args.fsdp:
         return fsdp_main(args)
     device = torch.device(args.device)
     cfg = config(args)
     inputs = batch(args, device)
     tokens = inputs["input_ids"].numel()
-    rows, base = [], None
+    # Every model stays resident and they take turns, `--rounds` times `--repeat` steps each, so that a drift of
+    # the machine (clocks, a neighbour) falls on all of them alike; the median is over all their steps.
+    steps, peaks = {}, {}
     for kind in ("sptr", "sptr, grouped (no sync)", "wall-x loop", "wall-x + liger"):
         try:
             model = build(kind, cfg, args, device)
         except ImportError as exc:
             print(f"{kind}: unavailable ({exc})")
             continue
-        ms, peak, _ = measure(model, inputs, args, device)
+        steps[kind] = trainer(model, inputs, device)
+        for _ in range(args.warmup):
+            steps[kind]()
+        peaks[kind] = peak_of(steps[kind], device)[0]
+    times = {kind: [] for kind in steps}
+    for _ in range(args.rounds):
+        for kind, step in steps.items():
+            times[kind].append(timed(step, args.repeat, device))
+    rows, base = [], None
+    for kind, rounds in times.items():
+        ms = median([t for r in rounds for t in r])
         base = base or ms
-        rows.append([kind, f"{ms:.1f}", f"{ms / base:.2f}x", f"{tokens / ms * 1e3:,.0f}", f"{peak:.0f}"])
-        print(" | ".join(rows[-1]), flush=True)
-        del model
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        spread = ", ".join(f"{median(r):.1f}" for r in rounds)
+        rows.append([kind, f"{ms:.1f}", f"{ms / base:.2f}x", spread, f"{tokens / ms * 1e3:,.0f}", f"{peaks[kind]:.0f}"])
     print(f"\nhidden {args.hidden}, {args.layers} layers, vision depth {args.vision_depth}, batch {args.batch} x "
           f"{args.seq} tokens (~15 % action), bf16 autocast, {args.attn}, {device.type}")
-    print(table(rows, ["impl", "ms / step", "vs sptr", "tokens/s", "peak MiB"]))
+    print(table(rows, ["impl", "ms / step", "vs sptr", "rounds' medians", "tokens/s", "peak MiB"]))
     return rows
 
 
