@@ -16,6 +16,8 @@
 3. DualExpertFFN forward+backward at T = 8192, H = 2048, intermediate (11008, 2048), 15 % action tokens,
    bf16: sptr (cuBLAS per expert after one offsets read; the sync-free grouped GEMM, CUTLASS and mma.sync,
    eager and under torch.compile(fullgraph=True)) vs the plain two-expert module, eager and compiled.
+4. RoutedExpertFFN forward+backward (8 experts of width 1408, top 2; T = 8192, H = 2048, bf16): cuBLAS per
+   expert and the grouped GEMM (eager and compiled) vs transformers' MixtralSparseMoeBlock with its weights.
 """
 import argparse
 import os
@@ -28,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import BF16_FLOPS, HBM_BYTES_PER_S, graph_ms, table, time_ms, warm_up_gpu  # noqa: E402
 
 from sptr import _C  # noqa: E402
-from sptr.layers import DualExpertFFN  # noqa: E402
+from sptr.layers import DualExpertFFN, RoutedExpertFFN  # noqa: E402
 from sptr.ops import moe  # noqa: E402
 from sptr.reference.moe import PlainDualExpertFFN  # noqa: E402
 
@@ -152,6 +154,24 @@ def gemm_rows(dtypes):
                        "vs 2x cuBLAS", "GPU vs 2x cuBLAS"]))
 
 
+def layer_table(impls, forward, x, g, flop):
+    """ms forward / forward+backward of each (name, module, wrap) impl, forward(m) giving the output that takes
+    the gradient g; a step clears the input's and the weights' gradients first, as a training step does."""
+    rows = []
+    for name, m, wrap in impls:
+        def step(m=m):
+            x.grad = None
+            m.zero_grad(set_to_none=True)  # no accumulation into the last step's weight gradients
+            forward(m).backward(g)
+        fwd = time_ms(wrap(lambda m=m: forward(m)))
+        both = time_ms(wrap(step))
+        rows.append([name, f"{fwd:.2f}", f"{both:.2f}", f"{flop / both / 1e9:.0f}",
+                     f"{100 * flop / both / 1e-3 / BF16_FLOPS:.0f}%"])
+    for r in rows:
+        r.append(f"{float(r[2]) / float(rows[0][2]):.2f}x")
+    print(table(rows, ["impl", "fwd ms", "fwd+bwd ms", "TFLOP/s (f+b)", "of 790", "time vs sptr"]))
+
+
 def ffn_rows():
     T, H, inter = 8192, 2048, (11008, 2048)
     torch.manual_seed(0)
@@ -163,29 +183,47 @@ def ffn_rows():
     g = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
     compiled = torch.compile(plain)
     flop = 3 * 2 * H * 3 * sum(int((index == e).sum()) * i for e, i in enumerate(inter))
-    rows = []
     same = lambda f: f  # noqa: E731
     impls = (("sptr DualExpertFFN, cuBLAS per expert (one sync)", fused, same),
              ("sptr DualExpertFFN, grouped (no sync)", grouped, same),
              ("sptr grouped, torch.compile(fullgraph)", torch.compile(grouped, fullgraph=True), same),
              ("sptr grouped, mma.sync kernel", grouped, mma_kernel),
              ("plain module", plain, same), ("plain, torch.compile", compiled, same))
-    for name, m, wrap in impls:
-        def step(m=m):
-            x.grad = None
-            m.zero_grad(set_to_none=True)  # a training step's zero_grad: no accumulation into old gradients
-            m(x, index).backward(g)
-        fwd = time_ms(wrap(lambda m=m: m(x, index)))
-        both = time_ms(wrap(step))
-        rows.append([name, f"{fwd:.2f}", f"{both:.2f}", f"{flop / both / 1e9:.0f}", f"{100 * flop / both / 1e-3 / BF16_FLOPS:.0f}%"])
-    for r in rows:
-        r.append(f"{float(r[2]) / float(rows[0][2]):.2f}x")
-    print(table(rows, ["impl", "fwd ms", "fwd+bwd ms", "TFLOP/s (f+b)", "of 790", "time vs sptr"]))
+    layer_table(impls, lambda m: m(x, index), x, g, flop)
+
+
+def routed_rows():
+    """RoutedExpertFFN (8 experts of width 1408, top 2: configs/moe.yaml's routed layer) against transformers'
+    MixtralSparseMoeBlock with the same weights, T = 8192, H = 2048, bf16."""
+    import transformers
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    T, H, inter, E, K = 8192, 2048, 1408, 8, 2
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=inter, num_local_experts=E,
+                                        num_experts_per_tok=K)
+    block = MixtralSparseMoeBlock(config)
+    with torch.no_grad():  # transformers 5.x allocates its stacked experts uninitialised
+        for p in block.parameters():
+            p.normal_(0, H ** -0.5)
+    block = block.cuda().to(torch.bfloat16)
+    cublas = RoutedExpertFFN.from_plain(block, top_k=K, gemm="cublas").cuda().to(torch.bfloat16)
+    grouped = RoutedExpertFFN.from_plain(block, top_k=K, gemm="grouped").cuda().to(torch.bfloat16)
+    x = torch.randn(4, T // 4, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn_like(x)
+    flop = 3 * 2 * H * 3 * inter * T * K
+    same = lambda f: f  # noqa: E731
+    impls = (("sptr RoutedExpertFFN, cuBLAS per expert (one sync)", cublas, same),
+             ("sptr RoutedExpertFFN, grouped (no sync)", grouped, same),
+             ("sptr grouped, torch.compile(fullgraph)", torch.compile(grouped, fullgraph=True), same),
+             ("transformers MixtralSparseMoeBlock", block, same))
+    first = lambda out: out[0] if isinstance(out, tuple) else out  # noqa: E731  (4.x: (out, logits); 5.x: out)
+    layer_table(impls, lambda m: first(m(x)), x, g, flop)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--parts", default="routing,gemm,ffn")
+    parser.add_argument("--parts", default="routing,gemm,ffn,routed")
     parser.add_argument("--routing-impls", nargs="+", help="only these rows of the routing table (e.g. sptr)")
     args = parser.parse_args()
     warm_up_gpu()
@@ -193,9 +231,12 @@ if __name__ == "__main__":
     # Without the sm_90a CUTLASS units (TORCH_CUDA_ARCH_LIST without 9.0a), "grouped" rows are the mma.sync kernel.
     print("grouped GEMM kernel on this build and GPU:",
           "CUTLASS sm_90a" if _C.sm90_grouped_gemm_runs() else "mma.sync")
-    if "routing" in args.parts:
+    parts = set(args.parts.split(","))
+    if "routing" in parts:
         routing_rows(args.routing_impls)
-    if "gemm" in args.parts:
+    if "gemm" in parts:
         gemm_rows([torch.bfloat16, torch.float16])
-    if "ffn" in args.parts:
+    if "ffn" in parts:
         ffn_rows()
+    if "routed" in parts:
+        routed_rows()
