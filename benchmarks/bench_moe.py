@@ -97,6 +97,11 @@ def with_env(fn, **env):
     return run
 
 
+def same(fn):
+    """fn as it is (the table rows' default wrapper)."""
+    return fn
+
+
 def mma_kernel(fn):
     """fn run with SPTR_GROUPED_GEMM=mma: the mma.sync grouped kernel where the CUTLASS one would run."""
     return with_env(fn, SPTR_GROUPED_GEMM="mma")
@@ -183,7 +188,6 @@ def ffn_rows():
     g = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
     compiled = torch.compile(plain)
     flop = 3 * 2 * H * 3 * sum(int((index == e).sum()) * i for e, i in enumerate(inter))
-    same = lambda f: f  # noqa: E731
     impls = (("sptr DualExpertFFN, cuBLAS per expert (one sync)", fused, same),
              ("sptr DualExpertFFN, grouped (no sync)", grouped, same),
              ("sptr grouped, torch.compile(fullgraph)", torch.compile(grouped, fullgraph=True), same),
@@ -212,7 +216,6 @@ def routed_rows():
     x = torch.randn(4, T // 4, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     g = torch.randn_like(x)
     flop = 3 * 2 * H * 3 * inter * T * K
-    same = lambda f: f  # noqa: E731
     impls = (("sptr RoutedExpertFFN, cuBLAS per expert (one sync)", cublas, same),
              ("sptr RoutedExpertFFN, grouped (no sync)", grouped, same),
              ("sptr grouped, torch.compile(fullgraph)", torch.compile(grouped, fullgraph=True), same),
