@@ -159,17 +159,23 @@ def gemm_rows(dtypes):
                        "vs 2x cuBLAS", "GPU vs 2x cuBLAS"]))
 
 
+def training_step(m, forward, x, g):
+    """One forward+backward of module m as a training step runs it: x's and the weights' gradients cleared first
+    (no accumulation into the last step's), then forward(m)'s output takes the gradient g."""
+    def step():
+        x.grad = None
+        m.zero_grad(set_to_none=True)
+        forward(m).backward(g)
+    return step
+
+
 def layer_table(impls, forward, x, g, flop):
-    """ms forward / forward+backward of each (name, module, wrap) impl, forward(m) giving the output that takes
-    the gradient g; a step clears the input's and the weights' gradients first, as a training step does."""
+    """ms forward / forward+backward (training_step) of each (name, module, wrap) impl, forward(m) giving the
+    output that takes the gradient g."""
     rows = []
     for name, m, wrap in impls:
-        def step(m=m):
-            x.grad = None
-            m.zero_grad(set_to_none=True)  # no accumulation into the last step's weight gradients
-            forward(m).backward(g)
         fwd = time_ms(wrap(lambda m=m: forward(m)))
-        both = time_ms(wrap(step))
+        both = time_ms(wrap(training_step(m, forward, x, g)))
         rows.append([name, f"{fwd:.2f}", f"{both:.2f}", f"{flop / both / 1e9:.0f}",
                      f"{100 * flop / both / 1e-3 / BF16_FLOPS:.0f}%"])
     for r in rows:
@@ -177,15 +183,26 @@ def layer_table(impls, forward, x, g, flop):
     print(table(rows, ["impl", "fwd ms", "fwd+bwd ms", "TFLOP/s (f+b)", "of 790", "time vs sptr"]))
 
 
-def ffn_rows():
-    T, H, inter = 8192, 2048, (11008, 2048)
+FFN_SHAPE = (8192, 2048, (11008, 2048))  # T, H, the two experts' widths
+
+
+def ffn_case():
+    """The FFN table's plain two-expert module (bf16), its input x [T, H], the expert index (~15 % on expert 1)
+    and the output's gradient."""
+    T, H, inter = FFN_SHAPE
     torch.manual_seed(0)
     plain = PlainDualExpertFFN(H, inter).cuda().to(torch.bfloat16)
-    fused = DualExpertFFN.from_plain(plain, gemm="cublas")
-    grouped = DualExpertFFN.from_plain(plain, gemm="grouped")
     x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     index = (torch.rand(T, device="cuda") < 0.15).long()
     g = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    return plain, x, index, g
+
+
+def ffn_rows():
+    _, H, inter = FFN_SHAPE
+    plain, x, index, g = ffn_case()
+    fused = DualExpertFFN.from_plain(plain, gemm="cublas")
+    grouped = DualExpertFFN.from_plain(plain, gemm="grouped")
     compiled = torch.compile(plain)
     flop = 3 * 2 * H * 3 * sum(int((index == e).sum()) * i for e, i in enumerate(inter))
     impls = (("sptr DualExpertFFN, cuBLAS per expert (one sync)", fused, same),

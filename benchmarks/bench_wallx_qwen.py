@@ -166,12 +166,18 @@ def timed(step, n, device):
     return times
 
 
-def measure(model, inputs, args, device):
-    """(median ms per step, peak MiB above the resident model, resident MiB: the model, its optimizer state)."""
+def warmed(model, inputs, args, device):
+    """(the model's training step after --warmup steps, peak MiB of one more step above the resident model,
+    resident MiB: the model, its optimizer state)."""
     step = trainer(model, inputs, device)
     for _ in range(args.warmup):
         step()
-    peak, resident = peak_of(step, device)
+    return (step, *peak_of(step, device))
+
+
+def measure(model, inputs, args, device):
+    """(median ms per step, peak MiB above the resident model, resident MiB)."""
+    step, peak, resident = warmed(model, inputs, args, device)
     return median(timed(step, args.repeat * args.rounds, device)), peak, resident
 
 
@@ -213,10 +219,8 @@ def main(argv=None):
         except ImportError as exc:
             print(f"{kind}: unavailable ({exc})")
             return None
-        step = trainer(model, inputs, device)
-        for _ in range(args.warmup):
-            step()
-        peaks[kind], times[kind] = peak_of(step, device)[0], []
+        step, peaks[kind], _ = warmed(model, inputs, args, device)
+        times[kind] = []
         return step
 
     for group in (("sptr", "sptr, grouped (no sync)", "wall-x loop"), ("wall-x + liger",)):

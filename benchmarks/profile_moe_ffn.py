@@ -9,29 +9,19 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_moe import ffn_case, training_step  # noqa: E402
 from common import kernel_times  # noqa: E402
 from sptr.layers import DualExpertFFN  # noqa: E402
-from sptr.reference.moe import PlainDualExpertFFN  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--top", type=int, default=12, help="kernels listed per path")
     args = ap.parse_args()
-    T, H, inter = 8192, 2048, (11008, 2048)
-    torch.manual_seed(0)
-    plain = PlainDualExpertFFN(H, inter).cuda().to(torch.bfloat16)
-    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    index = (torch.rand(T, device="cuda") < 0.15).long()
-    g = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    plain, x, index, g = ffn_case()
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     for gemm in ("cublas", "grouped"):
-        layer = DualExpertFFN.from_plain(plain, gemm=gemm)
-
-        def step():
-            x.grad = None
-            layer.zero_grad(set_to_none=True)  # a training step's zero_grad: no accumulation into old gradients
-            layer(x, index).backward(g)
+        step = training_step(DualExpertFFN.from_plain(plain, gemm=gemm), lambda m: m(x, index), x, g)
         for _ in range(2):
             step()
         times = kernel_times(step)  # ms
