@@ -18,6 +18,9 @@
    eager and under torch.compile(fullgraph=True)) vs the plain two-expert module, eager and compiled.
 4. RoutedExpertFFN forward+backward (8 experts of width 1408, top 2; T = 8192, H = 2048, bf16): cuBLAS per
    expert and the grouped GEMM (eager and compiled) vs transformers' MixtralSparseMoeBlock with its weights.
+5. shares: part 3's forward+backward, cuBLAS per expert against the grouped GEMM, at 5-50 % action tokens
+   (each share's rows interleaved over three rounds, best round), since the two paths tile the experts' rows
+   differently.
 """
 import argparse
 import os
@@ -213,6 +216,23 @@ def ffn_rows():
     layer_table(impls, lambda m: m(x, index), x, g, flop)
 
 
+def share_rows():
+    plain, x, _, g = ffn_case()
+    layers = {gemm: DualExpertFFN.from_plain(plain, gemm=gemm) for gemm in ("cublas", "grouped")}
+    T = x.shape[0]
+    rows = []
+    for share in (0.05, 0.10, 0.15, 0.20, 0.30, 0.50):
+        index = torch.zeros(T, dtype=torch.long, device="cuda")
+        index[torch.randperm(T, device="cuda")[:int(T * share)]] = 1
+        ms = {gemm: [] for gemm in layers}
+        for _ in range(3):
+            for gemm, m in layers.items():
+                ms[gemm].append(time_ms(training_step(m, lambda m: m(x, index), x, g), repeat=10))
+        cublas, grouped = min(ms["cublas"]), min(ms["grouped"])
+        rows.append([f"{int(T * share)} ({share:.0%})", f"{cublas:.2f}", f"{grouped:.2f}", f"{grouped / cublas:.3f}"])
+    print(table(rows, ["action rows", "cuBLAS per expert f+b ms", "grouped f+b ms", "grouped / cuBLAS"]))
+
+
 def routed_rows():
     """RoutedExpertFFN (8 experts of width 1408, top 2: configs/moe.yaml's routed layer) against transformers'
     MixtralSparseMoeBlock with the same weights, T = 8192, H = 2048, bf16."""
@@ -243,7 +263,7 @@ def routed_rows():
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--parts", default="routing,gemm,ffn,routed")
+    parser.add_argument("--parts", default="routing,gemm,ffn,routed,shares")
     parser.add_argument("--routing-impls", nargs="+", help="only these rows of the routing table (e.g. sptr)")
     args = parser.parse_args()
     warm_up_gpu()
@@ -260,3 +280,5 @@ if __name__ == "__main__":
         ffn_rows()
     if "routed" in parts:
         routed_rows()
+    if "shares" in parts:
+        share_rows()
