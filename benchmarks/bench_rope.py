@@ -132,8 +132,11 @@ def in_place_by_copy(q, k, cos, sin, sec):
 
 def attention_rows():
     """As in Qwen2.5-VL's text attention: q and k are the [B, H, S, D] views of their own projections' outputs,
-    fresh each step (here a clone of a leaf, timed alone in the first row and subtracted in the last column), so
-    in-place rotations (sptr's `apply_rotary_`, Liger's kernel) are legal. Forward+backward, bf16."""
+    fresh each step (here a clone of a leaf, timed alone in the first row and subtracted), so in-place rotations
+    (sptr's `apply_rotary_`, Liger's kernel) are legal. Forward+backward, bf16, with the rotation's gradient
+    either the user's tensors (autograd.grad's grad_outputs: Liger's backward overwrites them, sptr's copies
+    them into new ones) or, as in a model, the fresh output of the next op's backward (here a scale by 1, also in
+    the first row), which sptr's backward then also rotates in place."""
     sec, B, S, D = [16, 24, 24], 8, 768, 128
     q, k, cos, sin = rope_inputs(torch.bfloat16)
     xq = torch.randn(B, S, q.shape[1], D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -151,17 +154,24 @@ def attention_rows():
         print(f"liger-kernel unavailable: {exc}")
     times = {}
     for name, fn in contenders.items():
-        def step(fn=fn):
+        def users(fn=fn):
             out = fn(xq.clone().transpose(1, 2), xk.clone().transpose(1, 2))
             return torch.autograd.grad(out, (xq, xk), (gq, gk))
-        times[name] = (time_ms(step), graph_ms(step, calls=10))
-    clone = times["clone only (the projections' outputs)"][1]
-    liger = times.get("Liger (Triton, in place)", (float("nan"),) * 2)[1] - clone
+
+        def next_op(fn=fn):
+            out = fn(xq.clone().transpose(1, 2), xk.clone().transpose(1, 2))
+            return torch.autograd.grad((out[0] * 1.0, out[1] * 1.0), (xq, xk), (gq, gk))
+        times[name] = [time_ms(users), graph_ms(users, calls=10), time_ms(next_op), graph_ms(next_op, calls=10)]
+    clone = times["clone only (the projections' outputs)"]
+    liger = times.get("Liger (Triton, in place)", [float("nan")] * 4)
     rows = []
-    for name, (eager, graph) in times.items():
-        own = graph - clone
-        rows.append([name, f"{eager * 1e3:.1f}", f"{graph * 1e3:.1f}", f"{own * 1e3:.1f}" if own > 0 else "",
-                     f"{own / liger:.2f}x" if own > 0 and liger == liger else ""])
+    for name, t in times.items():
+        row = [name]
+        for i in (0, 2):
+            own, ref = t[i + 1] - clone[i + 1], liger[i + 1] - clone[i + 1]
+            row += [f"{t[i] * 1e3:.1f}", f"{t[i + 1] * 1e3:.1f}", f"{own * 1e3:.1f}" if own > 0 else "",
+                    f"{own / ref:.2f}x" if own > 0 and ref == ref else ""]
+        rows.append(row)
     return rows
 
 
@@ -266,8 +276,10 @@ def main():
                               "fwd+bwd eager us", "fwd+bwd graph us", "fwd+bwd % floor", "fwd+bwd vs sptr"]))
     print()
     print("mRoPE in the attention (forward+backward): q, k the [B,H,S,D] views of fresh projection outputs, "
-          "bf16; 'rope us' = graph time minus the clone row's")
-    print(table(attention_rows(), ["rope", "fwd+bwd eager us", "fwd+bwd graph us", "rope us", "vs Liger"]))
+          "bf16; the rotation's gradient: the user's tensors, or the next op's fresh output (as in a model); "
+          "'rope us' = graph time minus the clone row's")
+    print(table(attention_rows(), ["rope", "user's grad: eager us", "graph us", "rope us", "vs Liger",
+                                   "next op's grad: eager us", "graph us", "rope us", "vs Liger"]))
     print()
     print("mRoPE backward alone (sptr.mrope_bwd, the op autograd runs), same shapes, gradients dense")
     print(table(backward_rows(), ["dtype", "bwd graph us", "HBM floor us", "% floor"]))

@@ -99,6 +99,10 @@ TORCH_LIBRARY(sptr, m) {
       "mrope_bwd(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, int[] mrope_section, bool hf_layout, "
       "ScalarType? input_dtype=None) "
       "-> (Tensor, Tensor)");
+  // mrope_bwd in place: the autograd's form for gradients that nothing else references.
+  m.def(
+      "mrope_bwd_(Tensor(a!) grad_q, Tensor(b!) grad_k, Tensor cos, Tensor sin, int[] mrope_section, "
+      "bool hf_layout) -> ()");
 
   // Qwen2.5-VL index functions (transformers 4.49 semantics).
   m.def(

@@ -44,6 +44,11 @@ def _mrope_inplace_fake(q, k, cos, sin, mrope_section, hf_layout):
     return None
 
 
+@torch.library.register_fake("sptr::mrope_bwd_")
+def _mrope_bwd_inplace_fake(grad_q, grad_k, cos, sin, mrope_section, hf_layout):
+    return None
+
+
 def _check(q, k, cos, sin, mrope_section, section_layout):
     for name, t in (("q", q), ("k", k)):
         check_tensor(name, t, dim=4, dtypes=FLOATING)

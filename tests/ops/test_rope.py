@@ -125,6 +125,7 @@ def test_opcheck_and_errors():
                                                              sin[0].detach().requires_grad_(), [], True))
     torch.library.opcheck(torch.ops.sptr.mrope_bwd.default, (q.detach(), k, cos, sin, [2, 3, 3], False))
     torch.library.opcheck(torch.ops.sptr.mrope_.default, (q.detach().clone(), k.clone(), cos, sin, [2, 3, 3], True))
+    torch.library.opcheck(torch.ops.sptr.mrope_bwd_.default, (q.detach().clone(), k.clone(), cos, sin, [2, 3, 3], True))
     with pytest.raises(ValueError, match="mrope_section"):
         rope.apply_rotary(q, k, cos, sin, [2, 3, 4])
     with pytest.raises(TypeError, match="k has dtype"):
@@ -276,6 +277,52 @@ def test_in_place_rotation_of_projection_outputs_records_the_projections(device,
     rope.apply_rotary_(q, k, cos, sin, [2, 3, 3])
     (q * gq).sum().backward()
     assert torch.equal(wq.grad, wq2.grad)
+
+
+@pytest.mark.parametrize("device", device_params())
+@pytest.mark.parametrize("in_place", [False, True])
+def test_backward_overwrites_only_gradients_that_nothing_else_holds(device, in_place):
+    """The backward rotates the incoming gradient in place (the op mrope_bwd_) when autograd alone holds it (the
+    gradient of the next op, as in a training step), never a user's gradient or one a hook was given (which
+    may keep it); transformers' bits either way."""
+    torch.manual_seed(4)
+    B, S, Hq, Hk, D, dtype = 2, 7, 4, 2, 16, torch.bfloat16
+    cos, sin = tables(B, S, D, dtype, device)
+    xq = torch.randn(B, S, Hq * D, dtype=dtype, device=device, requires_grad=True)
+    xk = torch.randn(B, S, Hk * D, dtype=dtype, device=device, requires_grad=True)
+    w = torch.randn(B, Hq, S, D, dtype=dtype, device=device), torch.randn(B, Hk, S, D, dtype=dtype, device=device)
+    rotate = rope.apply_rotary_ if in_place else rope.apply_rotary
+
+    def grads(rotation, backward, kept=None):
+        """xq's and xk's gradients, and the backward ops of the rotation that ran."""
+        xq.grad = xk.grad = None
+        views = [x.clone().view(B, S, -1, D).transpose(1, 2) for x in (xq, xk)]
+        out = rotation(*views, cos, sin, [2, 3, 3])
+        if kept is not None:
+            out[0].register_hook(lambda g: kept.append((g, g.clone())))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            backward(out)
+        return xq.grad, xk.grad, {e.name for e in prof.events() if e.name.startswith("sptr::mrope_bwd")}
+
+    def next_op(out):  # the gradients reach the rotation from the next op's backward, as in a model
+        sum((o * g).float().sum() for o, g in zip(out, w)).backward()
+
+    def users(out):
+        torch.autograd.backward(out, w)
+
+    # in place, gradients that others hold reach the rotation as copies in the bases' layout (the views' backward)
+    held_op = "sptr::mrope_bwd_" if in_place else "sptr::mrope_bwd"
+    for backward, op in ((next_op, "sptr::mrope_bwd_"), (users, held_op)):
+        want = grads(hf.apply_multimodal_rotary_pos_emb, backward)
+        w_before = [t.clone() for t in w]
+        got = grads(rotate, backward)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert got[2] == {op}
+        assert all(torch.equal(t, u) for t, u in zip(w, w_before))  # the user's gradients are untouched
+    kept = []
+    got = grads(rotate, next_op, kept)
+    assert torch.equal(got[0], want[0]) and got[2] == {held_op}
+    assert torch.equal(kept[0][0], kept[0][1])  # the gradient the hook kept was not rotated
 
 
 def test_in_place_rotation_of_views_is_checked_like_pytorch_in_place_ops():

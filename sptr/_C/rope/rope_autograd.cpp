@@ -16,6 +16,15 @@ using FwdSignature = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, co
                                                 at::IntArrayRef, bool, bool);
 using BwdSignature = std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                 at::IntArrayRef, bool, std::optional<at::ScalarType>);
+using BwdInPlaceSignature = void(const Tensor&, const Tensor&, const Tensor&, const Tensor&, at::IntArrayRef, bool);
+
+// The backward's rotation in place, for gradients that nothing else references (sole_reference): no new
+// buffers, and the rotation writes over the lines it just read instead of evicting them for new ones.
+void rotate_back_in_place(const Tensor& gq, const Tensor& gk, const Tensor& cos, const Tensor& sin,
+                          at::IntArrayRef section, bool hf_layout) {
+  static const auto op = typed_op<BwdInPlaceSignature>("sptr::mrope_bwd_");
+  op.call(gq, gk, cos, sin, section, hf_layout);
+}
 
 Tensor rotate_half(const Tensor& x) {
   const auto halves = x.chunk(2, -1);
@@ -59,14 +68,20 @@ class MultimodalRope : public torch::autograd::Function<MultimodalRope> {
     return {q_out, k_out};
   }
 
-  // Gradients of outputs that took no part in the loss arrive as zeros (materialised by autograd).
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  // Gradients of outputs that took no part in the loss arrive as zeros (materialised by autograd). The list is
+  // taken by reference, so that a gradient only autograd held is rotated in place.
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const variable_list s = ctx->get_saved_variables();  // cos, sin, q, k (q, k only for trainable tables)
     refuse_double_backward("apply_rotary", {&grads[0], &grads[1], &s[0], &s[1], &s[2], &s[3]});
     at::AutoDispatchBelowADInplaceOrView guard;
     const std::vector<int64_t> section = ctx->saved_data["section"].toIntVector();
     const bool hf_layout = ctx->saved_data["hf_layout"].toBool();
     const c10::IValue& input_dtype = ctx->saved_data["input_dtype"];
+    // Trainable tables need the gradients as they came; a promoted forward returns them in another dtype.
+    if (!s[2].defined() && input_dtype.isNone() && sole_reference(grads[0]) && sole_reference(grads[1])) {
+      rotate_back_in_place(grads[0], grads[1], s[0], s[1], section, hf_layout);
+      return {grads[0], grads[1], Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    }
     static const auto op = typed_op<BwdSignature>("sptr::mrope_bwd");
     auto [gq, gk] = op.call(grads[0], grads[1], s[0], s[1], section, hf_layout,
                             input_dtype.isNone() ? std::nullopt : std::optional(input_dtype.toScalarType()));
@@ -135,7 +150,7 @@ class RebasedRope : public torch::autograd::Function<RebasedRope> {
     return {q_base, k_base};
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+  static variable_list backward(AutogradContext* ctx, variable_list& grads) {
     const variable_list s = ctx->get_saved_variables();  // cos, sin
     refuse_double_backward("apply_rotary_", {&grads[0], &grads[1]});
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -143,13 +158,22 @@ class RebasedRope : public torch::autograd::Function<RebasedRope> {
     const std::vector<int64_t> q_stride = ctx->saved_data["q_stride"].toIntVector();
     const std::vector<int64_t> k_size = ctx->saved_data["k_size"].toIntVector();
     const std::vector<int64_t> k_stride = ctx->saved_data["k_stride"].toIntVector();
+    const std::vector<int64_t> section = ctx->saved_data["section"].toIntVector();
+    const bool hf_layout = ctx->saved_data["hf_layout"].toBool();
     // The bases are contiguous, so a contiguous gradient of one is laid out as the base, and the view's
-    // geometry reads the view's gradient from it.
+    // geometry reads the view's gradient from it. Where nothing else holds it (the engine's reference given
+    // up, or a copy made here), it is rotated in place.
     const Tensor gq_base = grads[0].contiguous(), gk_base = grads[1].contiguous();
+    grads[0].reset();
+    grads[1].reset();
+    if (sole_reference(gq_base) && sole_reference(gk_base)) {
+      rotate_back_in_place(gq_base.as_strided(q_size, q_stride), gk_base.as_strided(k_size, k_stride), s[0], s[1],
+                           section, hf_layout);
+      return {gq_base, gk_base, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    }
     static const auto op = typed_op<BwdSignature>("sptr::mrope_bwd");
     auto [gq, gk] = op.call(gq_base.as_strided(q_size, q_stride), gk_base.as_strided(k_size, k_stride), s[0], s[1],
-                            ctx->saved_data["section"].toIntVector(), ctx->saved_data["hf_layout"].toBool(),
-                            std::nullopt);
+                            section, hf_layout, std::nullopt);
     return {base_grad(gq, gq_base, q_stride), base_grad(gk, gk_base, k_stride), Tensor(), Tensor(), Tensor(),
             Tensor(),  Tensor(),  Tensor(),  Tensor(),  Tensor()};
   }

@@ -24,6 +24,7 @@ TORCH_LIBRARY_IMPL(sptr, CPU, m) {
   m.impl("mrope_", &mrope_inplace_impl<CpuRope>);
   m.impl("mrope_rebased_", &mrope_rebased_impl<CpuRope>);
   m.impl("mrope_bwd", &mrope_bwd_impl<CpuRope>);
+  m.impl("mrope_bwd_", &mrope_inplace_impl<CpuRope, true>);
 }
 
 }  // namespace sptr

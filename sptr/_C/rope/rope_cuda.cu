@@ -173,6 +173,11 @@ TORCH_LIBRARY_IMPL(sptr, CUDA, m) {
     c10::cuda::CUDAGuard guard(gq.device());
     return mrope_bwd_impl<CudaRope>(gq, gk, c, s, sec, hf, input_dtype);
   });
+  m.impl("mrope_bwd_", [](const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& c, const at::Tensor& s,
+                          at::IntArrayRef sec, bool hf) {
+    c10::cuda::CUDAGuard guard(gq.device());
+    mrope_inplace_impl<CudaRope, true>(gq, gk, c, s, sec, hf);
+  });
 }
 
 }  // namespace sptr

@@ -198,13 +198,14 @@ void mrope_fwd_out_impl(const at::Tensor& q, const at::Tensor& k, const at::Tens
   rope_rotate<Device>(q, k, cos, sin, section, hf_layout, false, q_out, k_out);
 }
 
-template <class Device>
+// The rotation (Backward: its transpose) in place: every work item loads its elements before it stores any.
+template <class Device, bool Backward = false>
 void mrope_inplace_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                         at::IntArrayRef section, bool hf_layout) {
   at::assert_no_internal_overlap(q);
   at::assert_no_internal_overlap(k);
   at::assert_no_overlap(q, k);
-  rope_rotate<Device>(q, k, cos, sin, section, hf_layout, false, q, k);
+  rope_rotate<Device>(q, k, cos, sin, section, hf_layout, Backward, q, k);
 }
 
 // mrope_ on the views q = q_base.as_strided(q_size, q_stride), k likewise: the in-place rotation whose

@@ -39,4 +39,17 @@ inline void refuse_double_backward(const char* op, std::initializer_list<const a
   }
 }
 
+// Whether a gradient that autograd handed to a backward is referenced by nothing else, so the backward may
+// overwrite it (as autograd's AccumulateGrad takes over gradients it alone holds): no user tensor, hook,
+// retained .grad or view holds it or its memory (the engine gives up its own reference before the call; the
+// backward must take its gradient list by reference, since a copy of the list would count), its memory came
+// from an allocator (not a NumPy array or DLPack capsule: those storages are not resizable), and it is a plain
+// dense tensor, never a traced one (torch.compile's fake and functional tensors, subclasses) or a ZeroTensor.
+inline bool sole_reference(const Tensor& g) {
+  return g.defined() && g.layout() == at::kStrided && !g.requires_grad() && g.use_count() == 1 &&
+         g.has_storage() && g.storage().use_count() == 1 && g.storage().resizable() &&
+         !g.unsafeGetTensorImpl()->is_python_dispatch() && !g.key_set().has(c10::DispatchKey::Functionalize) &&
+         !g._is_zerotensor() && g.is_non_overlapping_and_dense();
+}
+
 }  // namespace sptr
