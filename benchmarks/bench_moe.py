@@ -15,9 +15,11 @@
    TORCH_CUDA_ARCH_LIST).
 3. DualExpertFFN forward+backward at T = 8192, H = 2048, intermediate (11008, 2048), 15 % action tokens,
    bf16: sptr (cuBLAS per expert after one offsets read; the sync-free grouped GEMM, CUTLASS and mma.sync,
-   eager and under torch.compile(fullgraph=True)) vs the plain two-expert module, eager and compiled.
+   eager and under torch.compile(fullgraph=True), also with mode="reduce-overhead": CUDA graphs, which only a
+   sync-free layer allows) vs the plain two-expert module, eager and compiled (both modes).
 4. RoutedExpertFFN forward+backward (8 experts of width 1408, top 2; T = 8192, H = 2048, bf16): cuBLAS per
-   expert and the grouped GEMM (eager and compiled) vs transformers' MixtralSparseMoeBlock with its weights.
+   expert and the grouped GEMM (eager and compiled, both modes) vs transformers' MixtralSparseMoeBlock with its
+   weights.
 5. shares: part 3's forward+backward, cuBLAS per expert against the grouped GEMM, at 5-50 % action tokens
    (each share's rows interleaved over three rounds, best round), since the two paths tile the experts' rows
    differently.
@@ -162,6 +164,15 @@ def gemm_rows(dtypes):
                        "vs 2x cuBLAS", "GPU vs 2x cuBLAS"]))
 
 
+def graph_steps(fn):
+    """For torch.compile(mode="reduce-overhead"), whose CUDA graphs (cudagraph trees) replay each step: every call
+    a new step, so that a forward without its backward is replayed too."""
+    def run():
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn()
+    return run
+
+
 def training_step(m, forward, x, g):
     """One forward+backward of module m as a training step runs it: x's and the weights' gradients cleared first
     (no accumulation into the last step's), then forward(m)'s output takes the gradient g."""
@@ -211,8 +222,11 @@ def ffn_rows():
     impls = (("sptr DualExpertFFN, cuBLAS per expert (one sync)", fused, same),
              ("sptr DualExpertFFN, grouped (no sync)", grouped, same),
              ("sptr grouped, torch.compile(fullgraph)", torch.compile(grouped, fullgraph=True), same),
+             ("sptr grouped, torch.compile(fullgraph, reduce-overhead)",
+              torch.compile(grouped, fullgraph=True, mode="reduce-overhead"), graph_steps),
              ("sptr grouped, mma.sync kernel", grouped, mma_kernel),
-             ("plain module", plain, same), ("plain, torch.compile", compiled, same))
+             ("plain module", plain, same), ("plain, torch.compile", compiled, same),
+             ("plain, torch.compile(reduce-overhead)", torch.compile(plain, mode="reduce-overhead"), graph_steps))
     layer_table(impls, lambda m: m(x, index), x, g, flop)
 
 
@@ -258,6 +272,8 @@ def routed_rows():
     impls = (("sptr RoutedExpertFFN, cuBLAS per expert (one sync)", cublas, same),
              ("sptr RoutedExpertFFN, grouped (no sync)", grouped, same),
              ("sptr grouped, torch.compile(fullgraph)", torch.compile(grouped, fullgraph=True), same),
+             ("sptr grouped, torch.compile(fullgraph, reduce-overhead)",
+              torch.compile(grouped, fullgraph=True, mode="reduce-overhead"), graph_steps),
              ("transformers MixtralSparseMoeBlock", block, same))
     first = lambda out: out[0] if isinstance(out, tuple) else out  # noqa: E731  (4.x: (out, logits); 5.x: out)
     layer_table(impls, lambda m: first(m(x)), x, g, flop)

@@ -136,14 +136,22 @@ def attention_rows():
     (sptr's `apply_rotary_`, Liger's kernel) are legal. Forward+backward, bf16, with the rotation's gradient
     either the user's tensors (autograd.grad's grad_outputs: Liger's backward overwrites them, sptr's copies
     them into new ones) or, as in a model, the fresh output of the next op's backward (here a scale by 1, also in
-    the first row), which sptr's backward then also rotates in place."""
+    the first row), which sptr's backward then also rotates in place (not where a hook holds it: the A/B row)."""
     sec, B, S, D = [16, 24, 24], 8, 768, 128
     q, k, cos, sin = rope_inputs(torch.bfloat16)
     xq = torch.randn(B, S, q.shape[1], D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     xk = torch.randn(B, S, k.shape[1], D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     gq, gk = torch.randn_like(q), torch.randn_like(k)
+    kept = [None]
+
+    def keeping(a, b):  # the A/B of sptr's in-place backward: a hook holds the gradient, which is then not overwritten
+        out = rope.apply_rotary(a, b, cos, sin, sec)
+        if out[0].requires_grad:
+            out[0].register_hook(lambda g: kept.__setitem__(0, g))
+        return out
     contenders = {"clone only (the projections' outputs)": lambda a, b: (a, b),
                   "sptr apply_rotary": lambda a, b: rope.apply_rotary(a, b, cos, sin, sec),
+                  "sptr apply_rotary, a hook holds the gradient": keeping,
                   "sptr apply_rotary_ (in place)": lambda a, b: rope.apply_rotary_(a, b, cos, sin, sec),
                   "sptr apply_rotary_, copy_ form": lambda a, b: in_place_by_copy(a, b, cos, sin, sec)}
     try:
