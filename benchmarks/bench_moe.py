@@ -188,12 +188,16 @@ def layer_table(impls, forward, x, g, flop):
     output that takes the gradient g."""
     rows = []
     for name, m, wrap in impls:
-        fwd = time_ms(wrap(lambda m=m: forward(m)))
-        both = time_ms(wrap(training_step(m, forward, x, g)))
+        try:
+            fwd = time_ms(wrap(lambda m=m: forward(m)))
+            both = time_ms(wrap(training_step(m, forward, x, g)))
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot run here is reported, not fatal
+            rows.append([name, "failed", f"{type(exc).__name__}: {str(exc)[:60]}", "", ""])
+            continue
         rows.append([name, f"{fwd:.2f}", f"{both:.2f}", f"{flop / both / 1e9:.0f}",
                      f"{100 * flop / both / 1e-3 / BF16_FLOPS:.0f}%"])
     for r in rows:
-        r.append(f"{float(r[2]) / float(rows[0][2]):.2f}x")
+        r.append(f"{float(r[2]) / float(rows[0][2]):.2f}x" if r[1] != "failed" else "")
     print(table(rows, ["impl", "fwd ms", "fwd+bwd ms", "TFLOP/s (f+b)", "of 790", "time vs sptr"]))
 
 
