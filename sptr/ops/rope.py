@@ -89,6 +89,9 @@ def apply_rotary(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mrope_section: 
     ``mrope_section`` is the undoubled split ``[t, h, w]`` of ``head_dim / 2`` for ``[3, B, S, D]`` tables
     (None for composed ``[B, S, D]`` tables). ``section_layout='wallx'`` reproduces the published Wall-X
     kernel's contiguous sections (not a rotation on vision tokens; opt-in only).
+
+    The backward rotates the incoming gradient in place where autograd alone holds it (the gradient of the next
+    op, as in a model); a gradient the caller passed or a hook received is never written.
     """
     section = _check(q, k, cos, sin, mrope_section, section_layout)
     promote = cos.dtype == torch.float32 and q.dtype in (torch.float16, torch.bfloat16)
